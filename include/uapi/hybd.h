@@ -1,0 +1,345 @@
+/* SPDX-License-Identifier: ((GPL-2.0 WITH Linux-syscall-note) OR MIT) */
+/*
+ * hybd - hybrid kernel/user block drivers: the user-space ABI.
+ *
+ * This header is shared by the kernel module (kmod/), the C library
+ * (libhybd/) and BPF programs (bpf/).  It holds only what crosses the
+ * kernel/user boundary.
+ *
+ * Two kinds of character devices exist:
+ *
+ *   /dev/hybd-control   misc device: add, delete, list and query devices
+ *                       (HYBD_CTL_* ioctls).
+ *   /dev/hybdN-srv      one per device: the slow-path server opens it
+ *                       (exclusively), mmaps one area per hardware queue and
+ *                       runs the HYBD_SRV_* ioctls.
+ *
+ * and the block device itself is /dev/hybdN.
+ *
+ * Growth rules: every structure starts with a __u32 len that the caller sets
+ * to the size it knows.  The kernel accepts shorter structures from older
+ * callers (missing fields read as zero) and longer ones from newer callers as
+ * long as every byte it does not know is zero (else -E2BIG).  Reserved fields
+ * must be zero (-EINVAL).  Unknown flag, feature or type bits are rejected
+ * (-EOPNOTSUPP).
+ */
+#ifndef _UAPI_HYBD_H
+#define _UAPI_HYBD_H
+
+#include <linux/types.h>
+#include <linux/ioctl.h>
+
+#define HYBD_ABI_VERSION	1
+
+#define HYBD_CONTROL_NAME	"hybd-control"
+#define HYBD_SRV_NAME_FMT	"hybd%u-srv"
+#define HYBD_DISK_NAME_FMT	"hybd%u"
+
+/* Limits enforced by the kernel. */
+#define HYBD_MAX_DEVICES	64
+#define HYBD_MAX_QUEUES		64
+#define HYBD_MAX_QUEUE_DEPTH	1024
+#define HYBD_MAX_IO_BYTES	(1U << 20)	/* per request, per tag buffer */
+#define HYBD_MAX_QUEUE_BUF	(256U << 20)	/* depth * max_io per queue */
+#define HYBD_MAX_POLL_NS	1000000U	/* 1 ms */
+#define HYBD_DEV_ID_ANY		((__u32)-1)
+
+/*
+ * Feature bits (HYBD_CTL_GET_FEATURES).  Each names a behaviour user space
+ * may rely on; a later kernel only adds bits.
+ */
+/* per-queue rings, one copy each way, batched commit+wait ioctl */
+#define HYBD_F_RINGS		(1ULL << 0)
+/* bounded in-kernel busy-poll before a worker sleeps (poll_ns) */
+#define HYBD_F_POLL		(1ULL << 1)
+/* completions carry the descriptor's seq; stale ones are rejected */
+#define HYBD_F_SEQ_CHECK	(1ULL << 2)
+/* BPF fast path (struct hybd_ops) can be attached to a device */
+#define HYBD_F_BPF		(1ULL << 3)
+
+/* Supported operations (hybd_param_basic.ops). READ is mandatory. */
+#define HYBD_OPF_READ		(1U << 0)
+#define HYBD_OPF_WRITE		(1U << 1)
+#define HYBD_OPF_FLUSH		(1U << 2)	/* needs HYBD_DEV_F_WRITE_CACHE */
+#define HYBD_OPF_FUA		(1U << 3)	/* needs HYBD_DEV_F_WRITE_CACHE */
+#define HYBD_OPF_DISCARD	(1U << 4)
+#define HYBD_OPF_WRITE_ZEROES	(1U << 5)
+#define HYBD_OPF_ALL		0x3fU
+
+/* Device flags (hybd_param_basic.flags). */
+/* the device has a volatile write cache: flush requests reach the server */
+#define HYBD_DEV_F_WRITE_CACHE	(1U << 0)
+#define HYBD_DEV_F_ALL		0x1U
+
+/* Parameter block types (hybd_params.types). */
+#define HYBD_PARAM_BASIC	(1U << 0)	/* mandatory */
+#define HYBD_PARAM_DISCARD	(1U << 1)
+#define HYBD_PARAM_ALL		0x3U
+
+struct hybd_param_basic {
+	__u64	dev_size;	/* bytes, a multiple of logical_bs, > 0 */
+	__u32	logical_bs;	/* power of two, 512..4096 */
+	__u32	physical_bs;	/* power of two, logical_bs..65536; 0: = logical */
+	__u32	max_io_bytes;	/* multiple of 4096, 4096..HYBD_MAX_IO_BYTES */
+	__u16	nr_hw_queues;	/* 1..HYBD_MAX_QUEUES */
+	__u16	queue_depth;	/* 1..HYBD_MAX_QUEUE_DEPTH */
+	__u32	ops;		/* HYBD_OPF_* */
+	__u32	flags;		/* HYBD_DEV_F_* */
+	__u32	poll_ns;	/* busy-poll before sleeping, 0..HYBD_MAX_POLL_NS */
+	__u32	reserved0;
+	__u64	reserved[4];
+};
+
+struct hybd_param_discard {
+	__u32	max_discard_bytes;	/* 0: default (max multiple of lbs < 4 GiB) */
+	__u32	discard_granularity;	/* 0: logical_bs; else power of two */
+	__u32	max_write_zeroes_bytes;	/* 0: default, as discard */
+	__u32	reserved0;
+	__u64	reserved[2];
+};
+
+struct hybd_params {
+	__u32	len;		/* sizeof(struct hybd_params) */
+	__u32	types;		/* HYBD_PARAM_* present below */
+	struct hybd_param_basic		basic;
+	struct hybd_param_discard	discard;
+};
+
+/*
+ * Parameter that made HYBD_CTL_ADD fail (hybd_ctl_add.err_param), so that
+ * user space can say which value was wrong, not only the errno.
+ */
+enum hybd_param_err {
+	HYBD_PERR_NONE = 0,
+	HYBD_PERR_LEN,		/* len too small / unknown trailing bytes */
+	HYBD_PERR_TYPES,	/* unknown type bits or basic missing */
+	HYBD_PERR_RESERVED,	/* a reserved field is not zero */
+	HYBD_PERR_DEV_ID,	/* id out of range or in use */
+	HYBD_PERR_SIZE,
+	HYBD_PERR_LOGICAL_BS,
+	HYBD_PERR_PHYSICAL_BS,
+	HYBD_PERR_MAX_IO,
+	HYBD_PERR_QUEUES,
+	HYBD_PERR_DEPTH,
+	HYBD_PERR_QUEUE_BUF,	/* depth * max_io_bytes too large */
+	HYBD_PERR_OPS,
+	HYBD_PERR_FLAGS,
+	HYBD_PERR_POLL,
+	HYBD_PERR_DISCARD,
+	HYBD_PERR_MAX,
+};
+
+/* HYBD_CTL_ADD: create a device (no block device until the server starts) */
+struct hybd_ctl_add {
+	__u32	len;		/* sizeof(struct hybd_ctl_add) */
+	__u32	dev_id;		/* in: wanted id or HYBD_DEV_ID_ANY; out: id */
+	__u32	err_param;	/* out: enum hybd_param_err on failure */
+	__u32	reserved0;
+	__u64	reserved[2];
+	struct hybd_params params;
+};
+
+/* HYBD_CTL_DEL */
+struct hybd_ctl_dev {
+	__u32	len;
+	__u32	dev_id;
+	__u32	flags;		/* none defined yet: must be zero */
+	__u32	reserved0;
+};
+
+/* Device states (hybd_dev_info.state). */
+enum hybd_dev_state {
+	HYBD_STATE_ADDED = 0,	/* created, waiting for a server to start it */
+	HYBD_STATE_LIVE,	/* block device present, server attached */
+	HYBD_STATE_DEAD,	/* server gone: every request fails with EIO */
+	HYBD_STATE_DELETING,
+};
+
+/* Counters, summed over the hardware queues. */
+struct hybd_dev_stats {
+	__u64	slow_issued;	/* requests published to the server */
+	__u64	slow_done;	/* completions accepted from the server */
+	__u64	slow_errors;	/* ...of which carried an error */
+	__u64	fast_done;	/* completed by the BPF fast path */
+	__u64	fast_errors;	/* ...of which with an error status */
+	__u64	failed_dead;	/* failed because no server was there */
+	__u64	reads;
+	__u64	writes;
+	__u64	flushes;
+	__u64	fua;
+	__u64	discards;
+	__u64	write_zeroes;
+	/* completion-ring protocol violations, each rejected */
+	__u64	rej_bad_tag;	/* tag >= queue depth */
+	__u64	rej_not_outstanding;	/* tag not in flight (duplicates too) */
+	__u64	rej_stale_seq;	/* seq does not match the tag's request */
+	__u64	rej_bad_result;	/* result not 0 or -errno: request fails */
+	__u64	rej_ring_index;	/* cq tail moved by more than the ring size */
+	__u64	bpf_bad_ret;	/* fast path returned outside the contract */
+	__u64	reserved[14];
+};
+
+/* HYBD_CTL_INFO */
+struct hybd_dev_info {
+	__u32	len;		/* in: sizeof(struct hybd_dev_info) */
+	__u32	dev_id;		/* in */
+	__u32	state;		/* out: enum hybd_dev_state */
+	__s32	server_pid;	/* out: 0 if none */
+	__u32	disk_major;	/* out: 0 until started */
+	__u32	disk_minor;
+	__u32	bpf_prog_id;	/* out: attached fast path, 0 if none */
+	__u32	reserved0;
+	char	bpf_name[16];	/* out: the attached ops' name */
+	__u64	reserved[4];
+	struct hybd_params	params;	/* out */
+	struct hybd_dev_stats	stats;	/* out */
+};
+
+/* HYBD_CTL_LIST */
+struct hybd_ctl_list {
+	__u32	len;
+	__u32	count;		/* in: room in ids; out: devices that exist */
+	__u64	ids;		/* user pointer to __u32[count] */
+};
+
+/* HYBD_CTL_GET_FEATURES */
+struct hybd_ctl_features {
+	__u32	len;
+	__u32	abi_version;	/* out: HYBD_ABI_VERSION */
+	__u64	features;	/* out: HYBD_F_* */
+	__u64	reserved[2];
+};
+
+#define HYBD_IOC_MAGIC		0xb7
+#define HYBD_CTL_GET_FEATURES	_IOWR(HYBD_IOC_MAGIC, 0x00, struct hybd_ctl_features)
+#define HYBD_CTL_ADD		_IOWR(HYBD_IOC_MAGIC, 0x01, struct hybd_ctl_add)
+#define HYBD_CTL_DEL		_IOW(HYBD_IOC_MAGIC, 0x02, struct hybd_ctl_dev)
+#define HYBD_CTL_INFO		_IOWR(HYBD_IOC_MAGIC, 0x03, struct hybd_dev_info)
+#define HYBD_CTL_LIST		_IOWR(HYBD_IOC_MAGIC, 0x04, struct hybd_ctl_list)
+
+/*
+ * ---------------------------------------------------------------------
+ * The server side: /dev/hybdN-srv
+ * ---------------------------------------------------------------------
+ *
+ * One process at a time may open the server node.  When its last reference
+ * goes (exit, crash, close), the device becomes DEAD: every outstanding and
+ * later request fails with an I/O error, and the device can be deleted.
+ *
+ * Each hardware queue q has its own shared area, mmapped at offset
+ * q * hybd_srv_info.queue_stride, hybd_srv_info.queue_map_size bytes long:
+ *
+ *   +0                 struct hybd_ring_hdr
+ *   +sq_off            __u32 sq[ring_entries]       kernel -> server: tags
+ *   +cq_off            struct hybd_cqe cq[ring_entries]   server -> kernel
+ *   +desc_off          struct hybd_io_desc desc[queue_depth]  (per tag)
+ *   +data_off          data[queue_depth][max_io_bytes]        (per tag)
+ *
+ * Indices are free-running __u32 counters; slot = index & (ring_entries-1).
+ *
+ * Submission: the kernel fills desc[tag] (and data[tag] for writes), stores
+ * the tag at sq[tail], and publishes sq_tail once per batch.  The server
+ * consumes from sq_head to sq_tail and stores sq_head.
+ *
+ * Completion: the server writes data[tag] (reads), then a struct hybd_cqe at
+ * cq[cq_tail] and advances cq_tail; the kernel consumes them on the next
+ * HYBD_SRV_IO and stores cq_head.
+ *
+ * The kernel never trusts this memory: it keeps its own copy of every
+ * request's state, reads each completion once, and rejects and counts any
+ * that is not for an outstanding tag with the matching seq.
+ */
+#define HYBD_RING_NEED_WAKEUP	(1U << 0)	/* worker sleeps in HYBD_SRV_IO */
+#define HYBD_RING_DEAD		(1U << 1)	/* device is dead/deleted */
+
+struct hybd_ring_hdr {
+	__u32	sq_tail;	/* written by the kernel */
+	__u32	sq_head;	/* written by the server */
+	__u32	cq_tail;	/* written by the server */
+	__u32	cq_head;	/* written by the kernel */
+	__u32	flags;		/* HYBD_RING_*, written by the kernel */
+	__u32	ring_entries;	/* power of two >= queue_depth */
+	__u32	queue_depth;
+	__u32	max_io_bytes;
+	__u32	sq_off;
+	__u32	cq_off;
+	__u32	desc_off;
+	__u32	data_off;
+	__u32	queue_id;
+	__u32	reserved[3];
+};
+
+/* hybd_io_desc.op */
+enum hybd_io_op {
+	HYBD_OP_READ = 0,
+	HYBD_OP_WRITE = 1,
+	HYBD_OP_FLUSH = 2,
+	HYBD_OP_DISCARD = 3,
+	HYBD_OP_WRITE_ZEROES = 4,
+	HYBD_OP_MAX,
+};
+
+/* hybd_io_desc.flags */
+#define HYBD_IO_F_FUA		(1U << 0)	/* write must be durable on return */
+#define HYBD_IO_F_NOUNMAP	(1U << 1)	/* write-zeroes: keep allocated */
+#define HYBD_IO_F_SYNC		(1U << 2)
+#define HYBD_IO_F_META		(1U << 3)
+
+struct hybd_io_desc {
+	__u8	op;		/* enum hybd_io_op */
+	__u8	reserved0;
+	__u16	flags;		/* HYBD_IO_F_* */
+	__u32	nr_bytes;	/* data ops: <= max_io_bytes */
+	__u64	sector;		/* 512-byte units */
+	__u64	seq;		/* echo in hybd_cqe.seq */
+	__u64	reserved1;
+};
+
+struct hybd_cqe {
+	__u32	tag;
+	__s32	result;		/* 0 or -errno (-1..-4095) */
+	__u64	seq;		/* hybd_io_desc.seq of the request */
+};
+
+/* HYBD_SRV_GET_INFO: what the server needs to map its queues */
+struct hybd_srv_info {
+	__u32	len;
+	__u32	dev_id;
+	__u32	nr_hw_queues;
+	__u32	queue_depth;
+	__u32	max_io_bytes;
+	__u32	ring_entries;
+	__u64	queue_stride;	/* mmap offset of queue q = q * queue_stride */
+	__u64	queue_map_size;	/* bytes to map per queue */
+	struct hybd_params params;
+	__u64	reserved[4];
+};
+
+/* HYBD_SRV_IO flags */
+#define HYBD_SRV_IO_WAIT	(1U << 0)	/* block until submissions arrive */
+#define HYBD_SRV_IO_ALL		0x1U
+
+/*
+ * HYBD_SRV_IO: commit the completions posted in queue q's cq, then (with
+ * HYBD_SRV_IO_WAIT) busy-poll for poll_ns and sleep until the kernel has
+ * published submissions or someone kicks the queue.
+ * Returns >= 0 on success: the number of completions accepted.  sq_tail is
+ * then the new limit to consume to.  -ENODEV once the device is dead or
+ * deleted, -EINTR on a signal.
+ */
+struct hybd_srv_io {
+	__u32	len;
+	__u16	queue;
+	__u16	flags;		/* HYBD_SRV_IO_* */
+	__u32	sq_tail;	/* out: published submissions (as in the hdr) */
+	__u32	reserved0;
+};
+
+#define HYBD_SRV_GET_INFO	_IOWR(HYBD_IOC_MAGIC, 0x40, struct hybd_srv_info)
+/* add the block device; the workers must already be serving the queues */
+#define HYBD_SRV_START		_IO(HYBD_IOC_MAGIC, 0x41)
+#define HYBD_SRV_IO		_IOWR(HYBD_IOC_MAGIC, 0x42, struct hybd_srv_io)
+/* wake every worker sleeping on queue number arg (they return 0) */
+#define HYBD_SRV_KICK		_IO(HYBD_IOC_MAGIC, 0x43)
+
+#endif /* _UAPI_HYBD_H */

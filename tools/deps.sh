@@ -1,0 +1,54 @@
+#!/bin/sh
+# Install everything hybd needs on a Debian 12 (bookworm) machine.
+# Idempotent: when every package is present it only checks and returns.
+set -eu
+
+DEB_PKGS="build-essential linux-image-6.12-amd64 linux-headers-6.12-amd64 \
+clang-14 llvm-14 libbpf-dev bpftool libelf-dev zlib1g-dev dwarves pkg-config \
+fio qemu-system-x86 busybox-static nbdkit nbd-client util-linux e2fsprogs \
+kmod python3-pytest python3-venv pipx udev"
+BACKPORTS_PKGS="libbpf-dev bpftool"
+
+missing=""
+for p in $DEB_PKGS; do
+	dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q '^install ok installed' ||
+		missing="$missing $p"
+done
+# libbpf must be >= 1.4 for module-defined struct_ops
+if dpkg-query -W -f='${Version}' libbpf-dev 2>/dev/null | grep -q '^1:\?0\|^1\.[0-3]\.'; then
+	missing="$missing libbpf-dev"
+fi
+
+have_vng() { command -v vng >/dev/null 2>&1; }
+
+if [ -z "$missing" ] && have_vng; then
+	echo "deps: all present"
+	exit 0
+fi
+
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO=sudo
+
+if [ -n "$missing" ]; then
+	echo "deps: installing:$missing"
+	if ! grep -rqs bookworm-backports /etc/apt/sources.list /etc/apt/sources.list.d/; then
+		echo "deb http://deb.debian.org/debian bookworm-backports main" |
+			$SUDO tee /etc/apt/sources.list.d/hybd-backports.list >/dev/null
+	fi
+	export DEBIAN_FRONTEND=noninteractive
+	$SUDO apt-get update -qq
+	# shellcheck disable=SC2086
+	$SUDO apt-get install -y -qq --no-install-recommends -t bookworm-backports $BACKPORTS_PKGS
+	# shellcheck disable=SC2086
+	$SUDO apt-get install -y -qq --no-install-recommends $DEB_PKGS
+fi
+
+if ! have_vng; then
+	echo "deps: installing virtme-ng from PyPI"
+	if command -v pipx >/dev/null 2>&1; then
+		PIPX_BIN_DIR=/usr/local/bin pipx install virtme-ng >/dev/null
+	else
+		pip install --quiet virtme-ng
+	fi
+fi
+echo "deps: done"
