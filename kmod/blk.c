@@ -1,0 +1,255 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * hybd - blk-mq side: every request is published to its hardware queue's
+ * submission ring, and the server is woken once per batch, only if it
+ * sleeps.
+ */
+#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
+
+#include <linux/blkdev.h>
+#include <linux/bvec.h>
+
+#include "hybd.h"
+
+static int hybd_init_hctx(struct blk_mq_hw_ctx *hctx, void *data,
+			  unsigned int hctx_idx)
+{
+	struct hybd_dev *dev = data;
+
+	hctx->driver_data = &dev->queues[hctx_idx];
+	return 0;
+}
+
+/* Map a request to the ring's opcode; -1 for what we never offered. */
+static int hybd_rq_op(struct request *rq)
+{
+	switch (req_op(rq)) {
+	case REQ_OP_READ:
+		return HYBD_OP_READ;
+	case REQ_OP_WRITE:
+		return HYBD_OP_WRITE;
+	case REQ_OP_FLUSH:
+		return HYBD_OP_FLUSH;
+	case REQ_OP_DISCARD:
+		return HYBD_OP_DISCARD;
+	case REQ_OP_WRITE_ZEROES:
+		return HYBD_OP_WRITE_ZEROES;
+	default:
+		return -1;
+	}
+}
+
+static u16 hybd_rq_flags(struct request *rq)
+{
+	u16 flags = 0;
+
+	if (rq->cmd_flags & REQ_FUA)
+		flags |= HYBD_IO_F_FUA;
+	if (rq->cmd_flags & REQ_NOUNMAP)
+		flags |= HYBD_IO_F_NOUNMAP;
+	if (rq->cmd_flags & REQ_SYNC)
+		flags |= HYBD_IO_F_SYNC;
+	if (rq->cmd_flags & REQ_META)
+		flags |= HYBD_IO_F_META;
+	return flags;
+}
+
+static void hybd_count_op(struct hybd_queue_stats *s, int op, u16 flags)
+{
+	switch (op) {
+	case HYBD_OP_READ:
+		s->reads++;
+		break;
+	case HYBD_OP_WRITE:
+		s->writes++;
+		if (flags & HYBD_IO_F_FUA)
+			s->fua++;
+		break;
+	case HYBD_OP_FLUSH:
+		s->flushes++;
+		break;
+	case HYBD_OP_DISCARD:
+		s->discards++;
+		break;
+	case HYBD_OP_WRITE_ZEROES:
+		s->write_zeroes++;
+		break;
+	}
+}
+
+/* Copy a write's payload into the tag's buffer. */
+static void hybd_copy_from_rq(struct request *rq, u8 *dst)
+{
+	struct req_iterator iter;
+	struct bio_vec bv;
+
+	rq_for_each_segment(bv, rq, iter) {
+		memcpy_from_bvec(dst, &bv);
+		dst += bv.bv_len;
+	}
+}
+
+/**
+ * hybd_copy_to_rq() - copy a read's data from the tag's buffer
+ * @rq: the read request
+ * @src: the tag's buffer, at least blk_rq_bytes(@rq) long
+ */
+void hybd_copy_to_rq(struct request *rq, const u8 *src)
+{
+	struct req_iterator iter;
+	struct bio_vec bv;
+
+	rq_for_each_segment(bv, rq, iter) {
+		memcpy_to_bvec(&bv, src);
+		src += bv.bv_len;
+	}
+}
+
+/* Make the filled slots visible; caller holds q->lock. */
+static bool hybd_publish(struct hybd_queue *q)
+{
+	if (q->sq_published == q->sq_tail)
+		return false;
+	smp_store_release(&q->hdr->sq_tail, q->sq_tail);
+	WRITE_ONCE(q->sq_published, q->sq_tail);
+	return true;
+}
+
+/*
+ * Wake the worker if it sleeps.  Pairs with the barrier between setting
+ * need_wakeup and re-checking for work in hybd_queue_wait().
+ */
+static void hybd_kick_worker(struct hybd_queue *q)
+{
+	smp_mb();
+	if (READ_ONCE(q->need_wakeup))
+		wake_up(&q->wq);
+}
+
+static blk_status_t hybd_queue_rq(struct blk_mq_hw_ctx *hctx,
+				  const struct blk_mq_queue_data *bd)
+{
+	struct hybd_queue *q = hctx->driver_data;
+	struct request *rq = bd->rq;
+	unsigned int tag = rq->tag;
+	u32 bytes = blk_rq_bytes(rq);
+	struct hybd_io_desc *desc;
+	bool published = false;
+	int op = hybd_rq_op(rq);
+	u16 flags;
+
+	if (op < 0)
+		return BLK_STS_NOTSUPP;
+	if (WARN_ON_ONCE(tag >= q->dev->params.basic.queue_depth))
+		return BLK_STS_IOERR;
+	if ((op == HYBD_OP_READ || op == HYBD_OP_WRITE) &&
+	    bytes > q->dev->params.basic.max_io_bytes)
+		return BLK_STS_IOERR;
+
+	flags = hybd_rq_flags(rq);
+	blk_mq_start_request(rq);
+
+	/* the tag's buffer is ours until the request completes */
+	if (op == HYBD_OP_WRITE)
+		hybd_copy_from_rq(rq, q->data +
+				  (size_t)tag * q->dev->params.basic.max_io_bytes);
+
+	spin_lock(&q->lock);
+	if (q->dead) {
+		q->stats.failed_dead++;
+		if (bd->last)
+			published = hybd_publish(q);
+		spin_unlock(&q->lock);
+		if (published)
+			hybd_kick_worker(q);
+		return BLK_STS_IOERR;
+	}
+
+	q->tags[tag].rq = rq;
+	q->tags[tag].seq = ++q->next_seq;
+	q->tags[tag].state = HYBD_TAG_INFLIGHT;
+
+	desc = &q->desc[tag];
+	WRITE_ONCE(desc->op, op);
+	WRITE_ONCE(desc->flags, flags);
+	WRITE_ONCE(desc->nr_bytes, op == HYBD_OP_FLUSH ? 0 : bytes);
+	WRITE_ONCE(desc->sector, blk_rq_pos(rq));
+	WRITE_ONCE(desc->seq, q->tags[tag].seq);
+	WRITE_ONCE(q->sq[q->sq_tail & (q->dev->ring_entries - 1)], tag);
+	q->sq_tail++;
+
+	q->stats.slow_issued++;
+	hybd_count_op(&q->stats, op, flags);
+	if (bd->last)
+		published = hybd_publish(q);
+	spin_unlock(&q->lock);
+
+	if (published)
+		hybd_kick_worker(q);
+	return BLK_STS_OK;
+}
+
+/* blk-mq stopped a batch early: publish what queue_rq left unpublished. */
+static void hybd_commit_rqs(struct blk_mq_hw_ctx *hctx)
+{
+	struct hybd_queue *q = hctx->driver_data;
+	bool published;
+
+	spin_lock(&q->lock);
+	published = hybd_publish(q);
+	spin_unlock(&q->lock);
+	if (published)
+		hybd_kick_worker(q);
+}
+
+/*
+ * A slow server is not an error: its requests wait for it.  A dead one
+ * has already failed them all.
+ */
+static enum blk_eh_timer_return hybd_timeout(struct request *rq)
+{
+	return BLK_EH_RESET_TIMER;
+}
+
+const struct blk_mq_ops hybd_mq_ops = {
+	.queue_rq	= hybd_queue_rq,
+	.commit_rqs	= hybd_commit_rqs,
+	.init_hctx	= hybd_init_hctx,
+	.timeout	= hybd_timeout,
+};
+
+/**
+ * hybd_queue_fail_all() - mark a queue dead and fail its outstanding requests
+ * @q: the queue
+ *
+ * Every request the server had not completed ends with BLK_STS_IOERR, and
+ * every later one fails in queue_rq.  Exactly one side ends a request: the
+ * tag's state moves from INFLIGHT under @q->lock.
+ */
+void hybd_queue_fail_all(struct hybd_queue *q)
+{
+	unsigned int depth = q->dev->params.basic.queue_depth;
+	struct request *rq;
+	unsigned int tag;
+
+	spin_lock(&q->lock);
+	q->dead = true;
+	if (q->hdr)
+		WRITE_ONCE(q->hdr->flags, READ_ONCE(q->hdr->flags) |
+			   HYBD_RING_DEAD);
+	spin_unlock(&q->lock);
+
+	for (tag = 0; tag < depth; tag++) {
+		spin_lock(&q->lock);
+		rq = NULL;
+		if (q->tags[tag].state == HYBD_TAG_INFLIGHT) {
+			q->tags[tag].state = HYBD_TAG_IDLE;
+			rq = q->tags[tag].rq;
+			q->stats.failed_dead++;
+		}
+		spin_unlock(&q->lock);
+		if (rq)
+			blk_mq_end_request(rq, BLK_STS_IOERR);
+	}
+	wake_up_all(&q->wq);
+}

@@ -1,0 +1,229 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * hybd - the control node, /dev/hybd-control.
+ *
+ * Every structure starts with its length so that old and new user space
+ * keep working: shorter means older (missing fields are zero), longer is
+ * accepted when the bytes we do not know are zero.
+ */
+#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
+
+#include <linux/miscdevice.h>
+#include <linux/module.h>
+#include <linux/slab.h>
+#include <linux/uaccess.h>
+
+#include "hybd.h"
+
+/*
+ * Copy a len-prefixed structure from user space.  @min is the size of the
+ * first version of the structure.
+ */
+static int hybd_copy_in(void *dst, size_t size, size_t min,
+			const void __user *src)
+{
+	u32 len;
+
+	if (get_user(len, (const u32 __user *)src))
+		return -EFAULT;
+	if (len < min)
+		return -EINVAL;
+	return copy_struct_from_user(dst, size, src, len);
+}
+
+/* Copy out at most as much as the caller said it has room for. */
+static int hybd_copy_out(void __user *dst, const void *src, size_t size)
+{
+	u32 len;
+
+	if (get_user(len, (const u32 __user *)dst))
+		return -EFAULT;
+	if (copy_to_user(dst, src, min_t(size_t, len, size)))
+		return -EFAULT;
+	return 0;
+}
+
+static long hybd_ctl_features(void __user *arg)
+{
+	struct hybd_ctl_features f;
+	int ret;
+
+	ret = hybd_copy_in(&f, sizeof(f), offsetofend(typeof(f), features),
+			   arg);
+	if (ret)
+		return ret;
+	memset(&f, 0, sizeof(f));
+	f.len = sizeof(f);
+	f.abi_version = HYBD_ABI_VERSION;
+	f.features = HYBD_F_RINGS | HYBD_F_POLL | HYBD_F_SEQ_CHECK;
+	return hybd_copy_out(arg, &f, sizeof(f));
+}
+
+static long hybd_ctl_add(struct hybd_ctl_add __user *arg)
+{
+	struct hybd_ctl_add add;
+	struct hybd_dev *dev;
+	u32 err = HYBD_PERR_NONE;
+	int ret;
+
+	ret = hybd_copy_in(&add, sizeof(add), sizeof(add), arg);
+	if (ret) {
+		err = HYBD_PERR_LEN;
+		goto out;
+	}
+	if (add.reserved0 || add.reserved[0] || add.reserved[1]) {
+		err = HYBD_PERR_RESERVED;
+		ret = -EINVAL;
+		goto out;
+	}
+	if (add.dev_id != HYBD_DEV_ID_ANY && add.dev_id >= HYBD_MAX_DEVICES) {
+		err = HYBD_PERR_DEV_ID;
+		ret = -ERANGE;
+		goto out;
+	}
+	ret = hybd_params_check(&add.params, &err);
+	if (ret)
+		goto out;
+
+	dev = hybd_dev_create(&add.params, add.dev_id);
+	if (IS_ERR(dev)) {
+		ret = PTR_ERR(dev);
+		if (ret == -EEXIST || ret == -ENOSPC)
+			err = HYBD_PERR_DEV_ID;
+		goto out;
+	}
+	if (put_user(dev->id, &arg->dev_id) ||
+	    copy_to_user(&arg->params, &dev->params, sizeof(dev->params))) {
+		hybd_dev_delete(dev);
+		hybd_dev_put(dev);
+		return -EFAULT;
+	}
+	hybd_dev_put(dev);
+	return 0;
+out:
+	if (put_user(err, &arg->err_param))
+		return -EFAULT;
+	return ret;
+}
+
+static long hybd_ctl_del(void __user *arg)
+{
+	struct hybd_ctl_dev cmd;
+	struct hybd_dev *dev;
+	int ret;
+
+	ret = hybd_copy_in(&cmd, sizeof(cmd), sizeof(cmd), arg);
+	if (ret)
+		return ret;
+	if (cmd.flags)
+		return -EOPNOTSUPP;
+	if (cmd.reserved0)
+		return -EINVAL;
+
+	dev = hybd_dev_get(cmd.dev_id);
+	if (!dev)
+		return -ENODEV;
+	hybd_dev_delete(dev);
+	hybd_dev_put(dev);
+	return 0;
+}
+
+static long hybd_ctl_info(void __user *arg)
+{
+	struct hybd_dev_info *info;
+	struct hybd_dev *dev;
+	int ret;
+
+	info = kzalloc(sizeof(*info), GFP_KERNEL);
+	if (!info)
+		return -ENOMEM;
+	ret = hybd_copy_in(info, sizeof(*info),
+			   offsetofend(struct hybd_dev_info, dev_id), arg);
+	if (ret)
+		goto out;
+
+	dev = hybd_dev_get(info->dev_id);
+	if (!dev) {
+		ret = -ENODEV;
+		goto out;
+	}
+	hybd_dev_fill_info(dev, info);
+	hybd_dev_put(dev);
+	ret = hybd_copy_out(arg, info, sizeof(*info));
+out:
+	kfree(info);
+	return ret;
+}
+
+static long hybd_ctl_list(void __user *arg)
+{
+	struct hybd_ctl_list cmd;
+	u32 *ids;
+	int n, ret;
+
+	ret = hybd_copy_in(&cmd, sizeof(cmd), sizeof(cmd), arg);
+	if (ret)
+		return ret;
+	ids = kcalloc(HYBD_MAX_DEVICES, sizeof(*ids), GFP_KERNEL);
+	if (!ids)
+		return -ENOMEM;
+	n = hybd_dev_list(ids, HYBD_MAX_DEVICES);
+	ret = -EFAULT;
+	if (copy_to_user(u64_to_user_ptr(cmd.ids), ids,
+			 min_t(u32, cmd.count, n) * sizeof(*ids)))
+		goto out;
+	if (put_user(n, &((struct hybd_ctl_list __user *)arg)->count))
+		goto out;
+	ret = 0;
+out:
+	kfree(ids);
+	return ret;
+}
+
+static long hybd_ctl_ioctl(struct file *file, unsigned int cmd,
+			   unsigned long arg)
+{
+	void __user *uarg = (void __user *)arg;
+
+	if (!capable(CAP_SYS_ADMIN))
+		return -EPERM;
+
+	switch (cmd) {
+	case HYBD_CTL_GET_FEATURES:
+		return hybd_ctl_features(uarg);
+	case HYBD_CTL_ADD:
+		return hybd_ctl_add(uarg);
+	case HYBD_CTL_DEL:
+		return hybd_ctl_del(uarg);
+	case HYBD_CTL_INFO:
+		return hybd_ctl_info(uarg);
+	case HYBD_CTL_LIST:
+		return hybd_ctl_list(uarg);
+	default:
+		return -ENOTTY;
+	}
+}
+
+static const struct file_operations hybd_ctl_fops = {
+	.owner		= THIS_MODULE,
+	.open		= nonseekable_open,
+	.unlocked_ioctl	= hybd_ctl_ioctl,
+	.compat_ioctl	= compat_ptr_ioctl,
+};
+
+static struct miscdevice hybd_ctl_misc = {
+	.minor		= MISC_DYNAMIC_MINOR,
+	.name		= HYBD_CONTROL_NAME,
+	.fops		= &hybd_ctl_fops,
+	.mode		= 0600,
+};
+
+int hybd_ctl_init(void)
+{
+	return misc_register(&hybd_ctl_misc);
+}
+
+void hybd_ctl_exit(void)
+{
+	misc_deregister(&hybd_ctl_misc);
+}

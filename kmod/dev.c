@@ -1,0 +1,496 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * hybd - the life of a device.
+ *
+ *   ADDED --(server opens node, HYBD_SRV_START)--> LIVE
+ *   ADDED/LIVE --(server's file released)--> DEAD   (all I/O fails)
+ *   any --(HYBD_CTL_DEL or module unload)--> DELETING, then gone
+ *
+ * @dev->lock serialises start, delete and state changes.  Failing the
+ * queues never needs it: a server that dies while add_disk() waits for its
+ * I/O must be able to fail that I/O.
+ */
+#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
+
+#include <linux/blkdev.h>
+#include <linux/log2.h>
+#include <linux/module.h>
+#include <linux/slab.h>
+#include <linux/vmalloc.h>
+
+#include "hybd.h"
+
+#define HYBD_MAX_DEV_SIZE	(1ULL << 50)	/* 1 PiB */
+
+static const struct block_device_operations hybd_bdev_fops = {
+	.owner		= THIS_MODULE,
+};
+
+/* Fail with @err and say which field was wrong. */
+#define PERR(field, err) ({ *err_param = (field); (err); })
+
+static int hybd_discard_check(struct hybd_params *p, u32 *err_param)
+{
+	struct hybd_param_discard *d = &p->discard;
+	u32 lbs = p->basic.logical_bs;
+	/* largest multiple of the block size that fits in 32 bits */
+	u32 dflt = round_down(UINT_MAX, lbs);
+
+	if (!(p->types & HYBD_PARAM_DISCARD)) {
+		memset(d, 0, sizeof(*d));
+	} else {
+		if (d->reserved0 || d->reserved[0] || d->reserved[1])
+			return PERR(HYBD_PERR_RESERVED, -EINVAL);
+		if (!(p->basic.ops &
+		      (HYBD_OPF_DISCARD | HYBD_OPF_WRITE_ZEROES)))
+			return PERR(HYBD_PERR_DISCARD, -EINVAL);
+		if (d->max_discard_bytes % lbs ||
+		    d->max_write_zeroes_bytes % lbs)
+			return PERR(HYBD_PERR_DISCARD, -EINVAL);
+		if (d->discard_granularity &&
+		    (!is_power_of_2(d->discard_granularity) ||
+		     d->discard_granularity < lbs))
+			return PERR(HYBD_PERR_DISCARD, -EINVAL);
+	}
+	if (!d->max_discard_bytes)
+		d->max_discard_bytes = dflt;
+	if (!d->max_write_zeroes_bytes)
+		d->max_write_zeroes_bytes = dflt;
+	if (!d->discard_granularity)
+		d->discard_granularity = lbs;
+	return 0;
+}
+
+/**
+ * hybd_params_check() - validate and complete a device's parameters
+ * @p: parameters from user space; defaults are filled in
+ * @err_param: set to the enum hybd_param_err of the first bad field
+ *
+ * Return: 0, -EINVAL for a malformed value, -ERANGE for one out of range,
+ * -EOPNOTSUPP for unknown bits.
+ */
+int hybd_params_check(struct hybd_params *p, u32 *err_param)
+{
+	struct hybd_param_basic *b = &p->basic;
+	u32 wc_ops = HYBD_OPF_FLUSH | HYBD_OPF_FUA;
+	int i;
+
+	if (p->len != sizeof(*p))
+		return PERR(HYBD_PERR_LEN, -EINVAL);
+	if (p->types & ~HYBD_PARAM_ALL)
+		return PERR(HYBD_PERR_TYPES, -EOPNOTSUPP);
+	if (!(p->types & HYBD_PARAM_BASIC))
+		return PERR(HYBD_PERR_TYPES, -EINVAL);
+	if (b->reserved0)
+		return PERR(HYBD_PERR_RESERVED, -EINVAL);
+	for (i = 0; i < ARRAY_SIZE(b->reserved); i++)
+		if (b->reserved[i])
+			return PERR(HYBD_PERR_RESERVED, -EINVAL);
+
+	if (!is_power_of_2(b->logical_bs) || b->logical_bs < SECTOR_SIZE ||
+	    b->logical_bs > PAGE_SIZE)
+		return PERR(HYBD_PERR_LOGICAL_BS, -EINVAL);
+	if (!b->physical_bs)
+		b->physical_bs = b->logical_bs;
+	if (!is_power_of_2(b->physical_bs) || b->physical_bs < b->logical_bs ||
+	    b->physical_bs > SZ_64K)
+		return PERR(HYBD_PERR_PHYSICAL_BS, -EINVAL);
+	if (!b->dev_size || b->dev_size % b->logical_bs)
+		return PERR(HYBD_PERR_SIZE, -EINVAL);
+	if (b->dev_size > HYBD_MAX_DEV_SIZE)
+		return PERR(HYBD_PERR_SIZE, -ERANGE);
+	if (!b->max_io_bytes || b->max_io_bytes % PAGE_SIZE)
+		return PERR(HYBD_PERR_MAX_IO, -EINVAL);
+	if (b->max_io_bytes > HYBD_MAX_IO_BYTES)
+		return PERR(HYBD_PERR_MAX_IO, -ERANGE);
+	if (!b->nr_hw_queues || b->nr_hw_queues > HYBD_MAX_QUEUES)
+		return PERR(HYBD_PERR_QUEUES, -ERANGE);
+	if (!b->queue_depth || b->queue_depth > HYBD_MAX_QUEUE_DEPTH)
+		return PERR(HYBD_PERR_DEPTH, -ERANGE);
+	if ((u64)b->queue_depth * b->max_io_bytes > HYBD_MAX_QUEUE_BUF)
+		return PERR(HYBD_PERR_QUEUE_BUF, -ERANGE);
+
+	if (b->ops & ~HYBD_OPF_ALL)
+		return PERR(HYBD_PERR_OPS, -EOPNOTSUPP);
+	if (!(b->ops & HYBD_OPF_READ))
+		return PERR(HYBD_PERR_OPS, -EINVAL);
+	/* nothing but reads makes sense on a read-only device */
+	if (!(b->ops & HYBD_OPF_WRITE) && b->ops != HYBD_OPF_READ)
+		return PERR(HYBD_PERR_OPS, -EINVAL);
+	if (b->flags & ~HYBD_DEV_F_ALL)
+		return PERR(HYBD_PERR_FLAGS, -EOPNOTSUPP);
+	/* flush and FUA exist only with a volatile write cache, and a cache
+	 * the server cannot be asked to flush would lose data
+	 */
+	if ((b->ops & wc_ops) && !(b->flags & HYBD_DEV_F_WRITE_CACHE))
+		return PERR(HYBD_PERR_OPS, -EINVAL);
+	if ((b->flags & HYBD_DEV_F_WRITE_CACHE) &&
+	    !(b->ops & HYBD_OPF_FLUSH))
+		return PERR(HYBD_PERR_FLAGS, -EINVAL);
+	if (b->poll_ns > HYBD_MAX_POLL_NS)
+		return PERR(HYBD_PERR_POLL, -ERANGE);
+
+	return hybd_discard_check(p, err_param);
+}
+
+static void hybd_dev_free(struct kref *ref)
+{
+	struct hybd_dev *dev = container_of(ref, struct hybd_dev, ref);
+	unsigned int i;
+
+	if (dev->queues) {
+		for (i = 0; i < dev->params.basic.nr_hw_queues; i++)
+			hybd_queue_free(&dev->queues[i]);
+		kfree(dev->queues);
+	}
+	kfree(dev);
+}
+
+void hybd_dev_put(struct hybd_dev *dev)
+{
+	kref_put(&dev->ref, hybd_dev_free);
+}
+
+static int hybd_dev_init_tag_set(struct hybd_dev *dev)
+{
+	struct blk_mq_tag_set *set = &dev->tag_set;
+
+	set->ops = &hybd_mq_ops;
+	set->nr_hw_queues = dev->params.basic.nr_hw_queues;
+	set->queue_depth = dev->params.basic.queue_depth;
+	set->numa_node = NUMA_NO_NODE;
+	set->timeout = HYBD_IO_TIMEOUT;
+	set->flags = BLK_MQ_F_SHOULD_MERGE;
+	set->driver_data = dev;
+	return blk_mq_alloc_tag_set(set);
+}
+
+static int hybd_dev_add_srv_node(struct hybd_dev *dev)
+{
+	dev_t devt = MKDEV(MAJOR(hybd_srv_devt), dev->id);
+	int ret;
+
+	/*
+	 * A dynamic cdev: it outlives us while a file still references it,
+	 * and it is freed by its own kobject.
+	 */
+	dev->cdev = cdev_alloc();
+	if (!dev->cdev)
+		return -ENOMEM;
+	dev->cdev->owner = THIS_MODULE;
+	dev->cdev->ops = &hybd_srv_fops;
+	ret = cdev_add(dev->cdev, devt, 1);
+	if (ret) {
+		kobject_put(&dev->cdev->kobj);
+		dev->cdev = NULL;
+		return ret;
+	}
+	dev->srv_dev = device_create(hybd_class, NULL, devt, NULL,
+				     HYBD_SRV_NAME_FMT, dev->id);
+	if (IS_ERR(dev->srv_dev)) {
+		ret = PTR_ERR(dev->srv_dev);
+		dev->srv_dev = NULL;
+		cdev_del(dev->cdev);
+		dev->cdev = NULL;
+		return ret;
+	}
+	return 0;
+}
+
+static void hybd_dev_del_srv_node(struct hybd_dev *dev)
+{
+	if (dev->srv_dev)
+		device_destroy(hybd_class, dev->srv_dev->devt);
+	dev->srv_dev = NULL;
+	if (dev->cdev)
+		cdev_del(dev->cdev);
+	dev->cdev = NULL;
+}
+
+/**
+ * hybd_dev_create() - create a device from checked parameters
+ * @p: parameters, already through hybd_params_check()
+ * @id: wanted id or HYBD_DEV_ID_ANY
+ *
+ * The device has its queues and server node; the block device appears when
+ * the server starts it.
+ *
+ * Return: the device with one reference for the caller (the table holds
+ * another), or an ERR_PTR.
+ */
+struct hybd_dev *hybd_dev_create(const struct hybd_params *p, u32 id)
+{
+	struct hybd_dev *dev;
+	unsigned int i, nr = p->basic.nr_hw_queues;
+	int ret;
+
+	dev = kzalloc(sizeof(*dev), GFP_KERNEL);
+	if (!dev)
+		return ERR_PTR(-ENOMEM);
+	kref_init(&dev->ref);
+	mutex_init(&dev->lock);
+	init_completion(&dev->started);
+	INIT_WORK(&dev->start_work, hybd_dev_start_work);
+	dev->params = *p;
+	dev->state = HYBD_STATE_ADDED;
+	dev->ring_entries = roundup_pow_of_two(p->basic.queue_depth);
+
+	dev->queues = kcalloc(nr, sizeof(*dev->queues), GFP_KERNEL);
+	if (!dev->queues) {
+		ret = -ENOMEM;
+		goto out_free;
+	}
+	for (i = 0; i < nr; i++) {
+		ret = hybd_queue_alloc(dev, &dev->queues[i], i);
+		if (ret)
+			goto out_free;
+	}
+	dev->queue_stride = PAGE_ALIGN(dev->queues[0].area_size);
+
+	ret = hybd_dev_init_tag_set(dev);
+	if (ret)
+		goto out_free;
+
+	/* until the table knows the device nobody else can reach it */
+	mutex_lock(&dev->lock);
+	ret = hybd_dev_insert(dev, id);
+	if (ret) {
+		mutex_unlock(&dev->lock);
+		goto out_tag_set;
+	}
+	ret = hybd_dev_add_srv_node(dev);
+	if (ret) {
+		hybd_dev_remove_id(dev);
+		mutex_unlock(&dev->lock);
+		goto out_tag_set;
+	}
+	dev->has_tag_set = true;
+	mutex_unlock(&dev->lock);
+
+	kref_get(&dev->ref);	/* the caller's */
+	return dev;
+
+out_tag_set:
+	blk_mq_free_tag_set(&dev->tag_set);
+out_free:
+	hybd_dev_put(dev);
+	return ERR_PTR(ret);
+}
+
+static void hybd_set_limits(struct hybd_dev *dev, struct queue_limits *lim)
+{
+	const struct hybd_param_basic *b = &dev->params.basic;
+	const struct hybd_param_discard *d = &dev->params.discard;
+
+	lim->logical_block_size = b->logical_bs;
+	lim->physical_block_size = b->physical_bs;
+	lim->io_min = b->physical_bs;
+	lim->max_hw_sectors = b->max_io_bytes >> SECTOR_SHIFT;
+	lim->max_segments = max_t(unsigned int, BLK_MAX_SEGMENTS,
+				  b->max_io_bytes >> PAGE_SHIFT);
+	if (b->flags & HYBD_DEV_F_WRITE_CACHE)
+		lim->features |= BLK_FEAT_WRITE_CACHE;
+	if (b->ops & HYBD_OPF_FUA)
+		lim->features |= BLK_FEAT_FUA;
+	if (b->ops & HYBD_OPF_DISCARD) {
+		lim->max_hw_discard_sectors = d->max_discard_bytes >>
+					      SECTOR_SHIFT;
+		lim->discard_granularity = d->discard_granularity;
+	}
+	if (b->ops & HYBD_OPF_WRITE_ZEROES)
+		lim->max_write_zeroes_sectors = d->max_write_zeroes_bytes >>
+						SECTOR_SHIFT;
+}
+
+/*
+ * add_disk() scans partitions, and that I/O is served by the very process
+ * that asked to start.  It runs here, in a worker, so that the server can
+ * be killed at any point: its death fails the I/O and this returns.
+ */
+void hybd_dev_start_work(struct work_struct *work)
+{
+	struct hybd_dev *dev = container_of(work, struct hybd_dev, start_work);
+	struct queue_limits lim = { };
+	struct gendisk *disk;
+	int ret;
+
+	mutex_lock(&dev->lock);
+	if (dev->state != HYBD_STATE_ADDED) {
+		ret = -ENODEV;
+		goto out;
+	}
+	hybd_set_limits(dev, &lim);
+	disk = blk_mq_alloc_disk(&dev->tag_set, &lim, dev);
+	if (IS_ERR(disk)) {
+		ret = PTR_ERR(disk);
+		goto out;
+	}
+	disk->fops = &hybd_bdev_fops;
+	disk->private_data = dev;
+	snprintf(disk->disk_name, DISK_NAME_LEN, HYBD_DISK_NAME_FMT, dev->id);
+	set_capacity(disk, dev->params.basic.dev_size >> SECTOR_SHIFT);
+	if (!(dev->params.basic.ops & HYBD_OPF_WRITE))
+		set_disk_ro(disk, true);
+
+	dev->state = HYBD_STATE_LIVE;
+	ret = add_disk(disk);
+	if (ret) {
+		dev->state = HYBD_STATE_ADDED;
+		put_disk(disk);
+		goto out;
+	}
+	dev->disk = disk;
+	/* the server died while we scanned: the device is dead after all */
+	if (dev->queues[0].dead)
+		dev->state = HYBD_STATE_DEAD;
+out:
+	dev->start_ret = ret;
+	mutex_unlock(&dev->lock);
+	complete_all(&dev->started);
+	hybd_dev_put(dev);
+}
+
+/**
+ * hybd_dev_start() - add the block device
+ * @dev: a device in the ADDED state whose server is serving the queues
+ *
+ * Return: 0, -EALREADY if started, -ENODEV if dead or deleted, -EINTR if
+ * the caller was killed while the partitions were scanned (the device is
+ * then killed by the server file's release).
+ */
+int hybd_dev_start(struct hybd_dev *dev)
+{
+	int ret;
+
+	mutex_lock(&dev->lock);
+	if (dev->state != HYBD_STATE_ADDED || dev->start_queued) {
+		ret = dev->state == HYBD_STATE_LIVE || dev->start_queued ?
+		      -EALREADY : -ENODEV;
+		mutex_unlock(&dev->lock);
+		return ret;
+	}
+	dev->start_queued = true;
+	kref_get(&dev->ref);	/* the work's */
+	queue_work(system_unbound_wq, &dev->start_work);
+	mutex_unlock(&dev->lock);
+
+	ret = wait_for_completion_killable(&dev->started);
+	if (ret)
+		return -EINTR;
+	return dev->start_ret;
+}
+
+/**
+ * hybd_dev_kill() - the server is gone: fail every request, now and later
+ * @dev: the device
+ *
+ * Safe to call more than once and from the server file's release.
+ */
+void hybd_dev_kill(struct hybd_dev *dev)
+{
+	unsigned int i;
+
+	for (i = 0; i < dev->params.basic.nr_hw_queues; i++)
+		hybd_queue_fail_all(&dev->queues[i]);
+
+	mutex_lock(&dev->lock);
+	if (dev->state == HYBD_STATE_ADDED || dev->state == HYBD_STATE_LIVE)
+		dev->state = HYBD_STATE_DEAD;
+	mutex_unlock(&dev->lock);
+}
+
+/**
+ * hybd_dev_delete() - remove the device
+ * @dev: the device; the caller holds a reference
+ *
+ * A live server keeps serving while the disk is removed, so data the
+ * block layer still holds (dirty pages, in-flight writes) reaches it.
+ * Then every queue fails, sleeping workers are woken with -ENODEV, and the
+ * table's reference is dropped.  The memory goes with the last reference,
+ * when the server has unmapped and closed its node.
+ */
+void hybd_dev_delete(struct hybd_dev *dev)
+{
+	bool started;
+
+	/* a start in progress finishes first (it may need the server) */
+	mutex_lock(&dev->lock);
+	started = dev->start_queued;
+	mutex_unlock(&dev->lock);
+	if (started)
+		wait_for_completion(&dev->started);
+
+	mutex_lock(&dev->lock);
+	if (dev->state == HYBD_STATE_DELETING) {
+		mutex_unlock(&dev->lock);
+		return;
+	}
+	dev->state = HYBD_STATE_DELETING;
+	if (dev->disk)
+		del_gendisk(dev->disk);
+	mutex_unlock(&dev->lock);
+
+	hybd_dev_kill(dev);
+
+	mutex_lock(&dev->lock);
+	if (dev->disk) {
+		put_disk(dev->disk);
+		dev->disk = NULL;
+	}
+	if (dev->has_tag_set) {
+		blk_mq_free_tag_set(&dev->tag_set);
+		dev->has_tag_set = false;
+	}
+	hybd_dev_del_srv_node(dev);
+	mutex_unlock(&dev->lock);
+
+	hybd_dev_remove_id(dev);
+	hybd_dev_put(dev);	/* the table's */
+}
+
+/* Sum the per-queue counters. */
+static void hybd_dev_sum_stats(struct hybd_dev *dev, struct hybd_dev_stats *s)
+{
+	unsigned int i;
+
+	for (i = 0; i < dev->params.basic.nr_hw_queues; i++) {
+		struct hybd_queue *q = &dev->queues[i];
+		struct hybd_queue_stats *qs = &q->stats;
+
+		spin_lock(&q->lock);
+		s->slow_issued += qs->slow_issued;
+		s->slow_done += qs->slow_done;
+		s->slow_errors += qs->slow_errors;
+		s->fast_done += qs->fast_done;
+		s->fast_errors += qs->fast_errors;
+		s->failed_dead += qs->failed_dead;
+		s->reads += qs->reads;
+		s->writes += qs->writes;
+		s->flushes += qs->flushes;
+		s->fua += qs->fua;
+		s->discards += qs->discards;
+		s->write_zeroes += qs->write_zeroes;
+		s->rej_bad_tag += qs->rej_bad_tag;
+		s->rej_not_outstanding += qs->rej_not_outstanding;
+		s->rej_stale_seq += qs->rej_stale_seq;
+		s->rej_bad_result += qs->rej_bad_result;
+		s->rej_ring_index += qs->rej_ring_index;
+		s->bpf_bad_ret += qs->bpf_bad_ret;
+		spin_unlock(&q->lock);
+	}
+}
+
+void hybd_dev_fill_info(struct hybd_dev *dev, struct hybd_dev_info *info)
+{
+	mutex_lock(&dev->lock);
+	info->state = dev->state;
+	info->server_pid = dev->server_open ? dev->server_pid : 0;
+	if (dev->disk) {
+		info->disk_major = dev->disk->major;
+		info->disk_minor = dev->disk->first_minor;
+	}
+	info->params = dev->params;
+	mutex_unlock(&dev->lock);
+	info->len = sizeof(*info);
+	hybd_dev_sum_stats(dev, &info->stats);
+}

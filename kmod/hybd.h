@@ -1,0 +1,146 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * hybd - internal definitions shared by the module's files.
+ *
+ *   main.c  module init/exit, the device table
+ *   ctl.c   /dev/hybd-control: add, delete, list, info
+ *   dev.c   a device's life: create, start (add_disk), kill, delete
+ *   blk.c   blk-mq ops: queue_rq publishes requests to the ring
+ *   ring.c  /dev/hybdN-srv: open/release/mmap, commit and wait
+ */
+#ifndef _HYBD_H
+#define _HYBD_H
+
+#include <linux/blk-mq.h>
+#include <linux/cdev.h>
+#include <linux/completion.h>
+#include <linux/kref.h>
+#include <linux/mutex.h>
+#include <linux/spinlock.h>
+#include <linux/wait.h>
+#include <linux/workqueue.h>
+
+#include "uapi/hybd.h"
+
+#define HYBD_IO_TIMEOUT		(30 * HZ)
+
+/* Per-tag state, kept in kernel memory: the ring is never trusted. */
+enum hybd_tag_state {
+	HYBD_TAG_IDLE = 0,
+	HYBD_TAG_INFLIGHT,	/* published to the server, not completed */
+};
+
+struct hybd_tag {
+	struct request	*rq;
+	u64		seq;
+	u8		state;
+};
+
+/* Per-queue counters; summed into struct hybd_dev_stats on demand. */
+struct hybd_queue_stats {
+	u64 slow_issued, slow_done, slow_errors;
+	u64 fast_done, fast_errors;
+	u64 failed_dead;
+	u64 reads, writes, flushes, fua, discards, write_zeroes;
+	u64 rej_bad_tag, rej_not_outstanding, rej_stale_seq;
+	u64 rej_bad_result, rej_ring_index;
+	u64 bpf_bad_ret;
+};
+
+struct hybd_queue {
+	struct hybd_dev		*dev;
+	unsigned int		id;
+
+	/* the area mmapped by the server: header, rings, descriptors, data */
+	void			*area;
+	size_t			area_size;
+	struct hybd_ring_hdr	*hdr;
+	u32			*sq;
+	struct hybd_cqe		*cq;
+	struct hybd_io_desc	*desc;
+	u8			*data;
+
+	/*
+	 * @lock protects the tag states, the kernel's ring indices, @dead
+	 * and the counters.  queue_rq can run on several CPUs for one hctx,
+	 * and the server may commit from several threads.
+	 */
+	spinlock_t		lock;
+	struct hybd_tag		*tags;
+	u32			sq_tail;	/* next slot the kernel fills */
+	u32			sq_published;	/* tail the server may see */
+	u32			sq_returned;	/* tail last returned to server */
+	u32			cq_head;	/* next cqe the kernel reads */
+	u64			next_seq;
+	bool			dead;
+	struct hybd_queue_stats	stats;
+
+	/* a worker sleeping in HYBD_SRV_IO; queue_rq wakes only these */
+	wait_queue_head_t	wq;
+	bool			need_wakeup;
+	bool			kicked;
+};
+
+struct hybd_dev {
+	struct kref		ref;
+	u32			id;
+	struct hybd_params	params;
+	u32			ring_entries;
+	u64			queue_stride;
+
+	/* serialises start, kill and delete; protects what follows */
+	struct mutex		lock;
+	enum hybd_dev_state	state;
+	bool			server_open;
+	pid_t			server_pid;
+	bool			has_tag_set;
+	bool			start_queued;
+	int			start_ret;
+	struct work_struct	start_work;
+	struct completion	started;
+
+	struct blk_mq_tag_set	tag_set;
+	struct gendisk		*disk;
+	struct hybd_queue	*queues;
+
+	struct cdev		*cdev;
+	struct device		*srv_dev;
+};
+
+/* main.c */
+extern struct class *hybd_class;
+extern dev_t hybd_srv_devt;
+struct hybd_dev *hybd_dev_get(u32 id);
+int hybd_dev_insert(struct hybd_dev *dev, u32 id);
+void hybd_dev_remove_id(struct hybd_dev *dev);
+int hybd_dev_list(u32 *ids, u32 room);
+
+/* ctl.c */
+int hybd_ctl_init(void);
+void hybd_ctl_exit(void);
+
+/* dev.c */
+struct hybd_dev *hybd_dev_create(const struct hybd_params *p, u32 id);
+int hybd_dev_start(struct hybd_dev *dev);
+void hybd_dev_start_work(struct work_struct *work);
+void hybd_dev_kill(struct hybd_dev *dev);
+void hybd_dev_delete(struct hybd_dev *dev);
+void hybd_dev_put(struct hybd_dev *dev);
+void hybd_dev_fill_info(struct hybd_dev *dev, struct hybd_dev_info *info);
+int hybd_params_check(struct hybd_params *p, u32 *err_param);
+
+/* blk.c */
+extern const struct blk_mq_ops hybd_mq_ops;
+void hybd_queue_fail_all(struct hybd_queue *q);
+void hybd_copy_to_rq(struct request *rq, const u8 *src);
+
+/* ring.c */
+extern const struct file_operations hybd_srv_fops;
+int hybd_queue_alloc(struct hybd_dev *dev, struct hybd_queue *q,
+		     unsigned int id);
+void hybd_queue_free(struct hybd_queue *q);
+size_t hybd_queue_area_size(const struct hybd_params *p, u32 ring_entries,
+			    u32 *sq_off, u32 *cq_off, u32 *desc_off,
+			    u32 *data_off);
+
+#endif /* _HYBD_H */

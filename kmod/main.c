@@ -1,0 +1,166 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * hybd - hybrid kernel/user block drivers.
+ *
+ * Module init/exit and the table of devices.  A device is referenced by the
+ * table (until deleted) and by its server file (until released); the last
+ * reference frees it.
+ */
+#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
+
+#include <linux/module.h>
+#include <linux/xarray.h>
+
+#include "hybd.h"
+
+struct class *hybd_class;
+dev_t hybd_srv_devt;
+
+static DEFINE_XARRAY(hybd_devs);
+static DEFINE_MUTEX(hybd_devs_lock);
+
+/**
+ * hybd_dev_get() - look up a device by id and take a reference
+ * @id: device id
+ *
+ * Return: the device, or NULL.  Drop the reference with hybd_dev_put().
+ */
+struct hybd_dev *hybd_dev_get(u32 id)
+{
+	struct hybd_dev *dev;
+
+	mutex_lock(&hybd_devs_lock);
+	dev = xa_load(&hybd_devs, id);
+	if (dev)
+		kref_get(&dev->ref);
+	mutex_unlock(&hybd_devs_lock);
+	return dev;
+}
+
+/**
+ * hybd_dev_insert() - give a new device an id
+ * @dev: the device
+ * @id: wanted id or HYBD_DEV_ID_ANY
+ *
+ * Return: 0, -EEXIST if @id is taken, -ENOSPC if every id is.
+ */
+int hybd_dev_insert(struct hybd_dev *dev, u32 id)
+{
+	int ret;
+
+	mutex_lock(&hybd_devs_lock);
+	if (id == HYBD_DEV_ID_ANY) {
+		ret = xa_alloc(&hybd_devs, &dev->id, dev,
+			       XA_LIMIT(0, HYBD_MAX_DEVICES - 1), GFP_KERNEL);
+		if (ret == -EBUSY)
+			ret = -ENOSPC;
+	} else {
+		ret = xa_insert(&hybd_devs, id, dev, GFP_KERNEL);
+		if (ret == -EBUSY)
+			ret = -EEXIST;
+		else if (!ret)
+			dev->id = id;
+	}
+	mutex_unlock(&hybd_devs_lock);
+	return ret;
+}
+
+/* Forget the device's id; it can be reused from now on. */
+void hybd_dev_remove_id(struct hybd_dev *dev)
+{
+	mutex_lock(&hybd_devs_lock);
+	if (xa_load(&hybd_devs, dev->id) == dev)
+		xa_erase(&hybd_devs, dev->id);
+	mutex_unlock(&hybd_devs_lock);
+}
+
+/**
+ * hybd_dev_list() - the ids of every device
+ * @ids: array of @room entries
+ * @room: size of @ids
+ *
+ * Return: the number of devices, which may exceed @room.
+ */
+int hybd_dev_list(u32 *ids, u32 room)
+{
+	struct hybd_dev *dev;
+	unsigned long idx;
+	int n = 0;
+
+	mutex_lock(&hybd_devs_lock);
+	xa_for_each(&hybd_devs, idx, dev) {
+		if (n < room)
+			ids[n] = idx;
+		n++;
+	}
+	mutex_unlock(&hybd_devs_lock);
+	return n;
+}
+
+static void hybd_delete_all(void)
+{
+	struct hybd_dev *dev;
+	unsigned long idx;
+
+	for (;;) {
+		idx = 0;
+		mutex_lock(&hybd_devs_lock);
+		dev = xa_find(&hybd_devs, &idx, ULONG_MAX, XA_PRESENT);
+		if (dev)
+			kref_get(&dev->ref);
+		mutex_unlock(&hybd_devs_lock);
+		if (!dev)
+			break;
+		hybd_dev_delete(dev);
+		hybd_dev_put(dev);
+	}
+}
+
+static int __init hybd_init(void)
+{
+	int ret;
+
+	ret = alloc_chrdev_region(&hybd_srv_devt, 0, HYBD_MAX_DEVICES,
+				  "hybd-srv");
+	if (ret)
+		return ret;
+
+	hybd_class = class_create("hybd");
+	if (IS_ERR(hybd_class)) {
+		ret = PTR_ERR(hybd_class);
+		goto out_chrdev;
+	}
+
+	ret = hybd_ctl_init();
+	if (ret)
+		goto out_class;
+
+	pr_info("loaded (ABI %u)\n", HYBD_ABI_VERSION);
+	return 0;
+
+out_class:
+	class_destroy(hybd_class);
+out_chrdev:
+	unregister_chrdev_region(hybd_srv_devt, HYBD_MAX_DEVICES);
+	return ret;
+}
+
+/*
+ * Unloading is refused by the module refcount while a server node or the
+ * control node is open; devices without a server are torn down here.
+ */
+static void __exit hybd_exit(void)
+{
+	hybd_ctl_exit();
+	hybd_delete_all();
+	class_destroy(hybd_class);
+	unregister_chrdev_region(hybd_srv_devt, HYBD_MAX_DEVICES);
+	pr_info("unloaded\n");
+}
+
+module_init(hybd_init);
+module_exit(hybd_exit);
+
+MODULE_DESCRIPTION("hybd: hybrid kernel/user block drivers with a BPF fast path");
+MODULE_AUTHOR("The hybd developers");
+MODULE_LICENSE("GPL");

@@ -1,0 +1,415 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * hybd - the server node, /dev/hybdN-srv, and the rings behind it.
+ *
+ * Everything the server can write (indices, completion entries, data) is
+ * read once and checked; the kernel's own view of each request lives in
+ * struct hybd_tag, which the server cannot reach.
+ */
+#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
+
+#include <linux/blkdev.h>
+#include <linux/fs.h>
+#include <linux/mm.h>
+#include <linux/module.h>
+#include <linux/sched/signal.h>
+#include <linux/slab.h>
+#include <linux/uaccess.h>
+#include <linux/vmalloc.h>
+
+#include "hybd.h"
+
+/* completions taken from the ring per hold of the queue lock */
+#define HYBD_COMMIT_BATCH	32
+
+/**
+ * hybd_queue_area_size() - lay out a queue's shared area
+ * @p: device parameters
+ * @ring_entries: ring size, a power of two
+ * @sq_off: out, offset of the submission ring
+ * @cq_off: out, offset of the completion ring
+ * @desc_off: out, offset of the descriptors
+ * @data_off: out, offset of the data buffers (page aligned)
+ *
+ * Return: the area's size in bytes, page aligned.
+ */
+size_t hybd_queue_area_size(const struct hybd_params *p, u32 ring_entries,
+			    u32 *sq_off, u32 *cq_off, u32 *desc_off,
+			    u32 *data_off)
+{
+	size_t off = ALIGN(sizeof(struct hybd_ring_hdr), SMP_CACHE_BYTES);
+
+	*sq_off = off;
+	off = ALIGN(off + ring_entries * sizeof(u32), SMP_CACHE_BYTES);
+	*cq_off = off;
+	off = ALIGN(off + ring_entries * sizeof(struct hybd_cqe),
+		    SMP_CACHE_BYTES);
+	*desc_off = off;
+	off = PAGE_ALIGN(off + p->basic.queue_depth *
+			 sizeof(struct hybd_io_desc));
+	*data_off = off;
+	return PAGE_ALIGN(off + (size_t)p->basic.queue_depth *
+			  p->basic.max_io_bytes);
+}
+
+int hybd_queue_alloc(struct hybd_dev *dev, struct hybd_queue *q,
+		     unsigned int id)
+{
+	u32 sq_off, cq_off, desc_off, data_off;
+	struct hybd_ring_hdr *hdr;
+
+	q->dev = dev;
+	q->id = id;
+	spin_lock_init(&q->lock);
+	init_waitqueue_head(&q->wq);
+
+	q->tags = kcalloc(dev->params.basic.queue_depth, sizeof(*q->tags),
+			  GFP_KERNEL);
+	if (!q->tags)
+		return -ENOMEM;
+
+	q->area_size = hybd_queue_area_size(&dev->params, dev->ring_entries,
+					    &sq_off, &cq_off, &desc_off,
+					    &data_off);
+	/* zeroed, and mappable with remap_vmalloc_range() */
+	q->area = vmalloc_user(q->area_size);
+	if (!q->area)
+		return -ENOMEM;
+
+	hdr = q->area;
+	hdr->ring_entries = dev->ring_entries;
+	hdr->queue_depth = dev->params.basic.queue_depth;
+	hdr->max_io_bytes = dev->params.basic.max_io_bytes;
+	hdr->sq_off = sq_off;
+	hdr->cq_off = cq_off;
+	hdr->desc_off = desc_off;
+	hdr->data_off = data_off;
+	hdr->queue_id = id;
+
+	q->sq = q->area + sq_off;
+	q->cq = q->area + cq_off;
+	q->desc = q->area + desc_off;
+	q->data = q->area + data_off;
+	q->hdr = hdr;
+	return 0;
+}
+
+void hybd_queue_free(struct hybd_queue *q)
+{
+	vfree(q->area);
+	q->area = NULL;
+	q->hdr = NULL;
+	kfree(q->tags);
+	q->tags = NULL;
+}
+
+/* Finish one accepted completion, outside the queue lock. */
+static void hybd_end_slow(struct hybd_queue *q, struct request *rq, int res,
+			  bool bad)
+{
+	blk_status_t sts = BLK_STS_OK;
+
+	if (bad)
+		sts = BLK_STS_IOERR;
+	else if (res)
+		sts = errno_to_blk_status(res);
+	else if (req_op(rq) == REQ_OP_READ)
+		hybd_copy_to_rq(rq, q->data + (size_t)rq->tag *
+				q->dev->params.basic.max_io_bytes);
+	blk_mq_end_request(rq, sts);
+}
+
+/**
+ * hybd_queue_commit() - accept the completions the server posted
+ * @q: the queue
+ *
+ * Each completion must name a tag in flight with the seq it was issued
+ * with and carry 0 or -errno; anything else is rejected and counted.  A
+ * completion with an impossible result still ends its request, with an
+ * error, so that it does not wait forever.
+ *
+ * Return: the number of requests completed.
+ */
+static int hybd_queue_commit(struct hybd_queue *q)
+{
+	u32 mask = q->dev->ring_entries - 1;
+	u32 depth = q->dev->params.basic.queue_depth;
+	struct {
+		struct request *rq;
+		int res;
+		bool bad;
+	} batch[HYBD_COMMIT_BATCH];
+	int done = 0;
+
+	for (;;) {
+		unsigned int n = 0, i;
+		u32 tail, avail;
+
+		spin_lock(&q->lock);
+		if (q->dead) {
+			spin_unlock(&q->lock);
+			break;
+		}
+		tail = smp_load_acquire(&q->hdr->cq_tail);
+		avail = tail - q->cq_head;
+		if (avail > q->dev->ring_entries) {
+			/* the server moved its tail past anything possible */
+			q->stats.rej_ring_index++;
+			q->cq_head = tail;
+			avail = 0;
+		}
+		while (avail-- && n < HYBD_COMMIT_BATCH) {
+			struct hybd_cqe *cqe = &q->cq[q->cq_head++ & mask];
+			u32 tag = READ_ONCE(cqe->tag);
+			s32 res = READ_ONCE(cqe->result);
+			u64 seq = READ_ONCE(cqe->seq);
+			struct hybd_tag *t;
+
+			if (tag >= depth) {
+				q->stats.rej_bad_tag++;
+				continue;
+			}
+			t = &q->tags[tag];
+			if (t->state != HYBD_TAG_INFLIGHT) {
+				q->stats.rej_not_outstanding++;
+				continue;
+			}
+			if (seq != t->seq) {
+				q->stats.rej_stale_seq++;
+				continue;
+			}
+			t->state = HYBD_TAG_IDLE;
+			batch[n].rq = t->rq;
+			batch[n].res = res;
+			batch[n].bad = res > 0 || res < -MAX_ERRNO;
+			if (batch[n].bad)
+				q->stats.rej_bad_result++;
+			else if (res)
+				q->stats.slow_errors++;
+			q->stats.slow_done++;
+			n++;
+		}
+		WRITE_ONCE(q->hdr->cq_head, q->cq_head);
+		spin_unlock(&q->lock);
+
+		for (i = 0; i < n; i++)
+			hybd_end_slow(q, batch[i].rq, batch[i].res,
+				      batch[i].bad);
+		done += n;
+		if (n < HYBD_COMMIT_BATCH)
+			break;
+	}
+	return done;
+}
+
+static bool hybd_queue_has_work(struct hybd_queue *q)
+{
+	return READ_ONCE(q->sq_published) != READ_ONCE(q->sq_returned) ||
+	       READ_ONCE(q->dead) || READ_ONCE(q->kicked);
+}
+
+/*
+ * Busy-poll for up to poll_ns, then sleep.  The kernel only wakes a worker
+ * that has said it sleeps (need_wakeup), so a polling worker costs the
+ * submitter nothing.
+ */
+static int hybd_queue_wait(struct hybd_queue *q)
+{
+	u32 poll_ns = q->dev->params.basic.poll_ns;
+	int ret = 0;
+
+	if (poll_ns && !hybd_queue_has_work(q)) {
+		u64 end = ktime_get_ns() + poll_ns;
+
+		do {
+			cpu_relax();
+			if (hybd_queue_has_work(q))
+				return 0;
+		} while (ktime_get_ns() < end && !need_resched() &&
+			 !signal_pending(current));
+	}
+
+	WRITE_ONCE(q->need_wakeup, true);
+	WRITE_ONCE(q->hdr->flags,
+		   READ_ONCE(q->hdr->flags) | HYBD_RING_NEED_WAKEUP);
+	/* pairs with hybd_kick_worker(): publish, barrier, read need_wakeup */
+	smp_mb();
+	ret = wait_event_interruptible(q->wq, hybd_queue_has_work(q));
+	WRITE_ONCE(q->need_wakeup, false);
+	WRITE_ONCE(q->hdr->flags,
+		   READ_ONCE(q->hdr->flags) & ~HYBD_RING_NEED_WAKEUP);
+	return ret;
+}
+
+static long hybd_srv_io(struct hybd_dev *dev, struct hybd_srv_io __user *arg)
+{
+	struct hybd_srv_io io;
+	struct hybd_queue *q;
+	int done, ret;
+
+	if (copy_from_user(&io, arg, sizeof(io)))
+		return -EFAULT;
+	if (io.len < sizeof(io))
+		return -EINVAL;
+	if (io.flags & ~HYBD_SRV_IO_ALL)
+		return -EOPNOTSUPP;
+	if (io.reserved0)
+		return -EINVAL;
+	if (io.queue >= dev->params.basic.nr_hw_queues)
+		return -EINVAL;
+	q = &dev->queues[io.queue];
+
+	done = hybd_queue_commit(q);
+	if (io.flags & HYBD_SRV_IO_WAIT) {
+		ret = hybd_queue_wait(q);
+		if (ret)
+			return -EINTR;
+	}
+	if (READ_ONCE(q->dead))
+		return -ENODEV;
+	WRITE_ONCE(q->kicked, false);
+
+	io.sq_tail = READ_ONCE(q->sq_published);
+	WRITE_ONCE(q->sq_returned, io.sq_tail);
+	if (put_user(io.sq_tail, &arg->sq_tail))
+		return -EFAULT;
+	return done;
+}
+
+static long hybd_srv_get_info(struct hybd_dev *dev, void __user *arg)
+{
+	struct hybd_srv_info info;
+	u32 len;
+
+	if (get_user(len, (u32 __user *)arg))
+		return -EFAULT;
+	if (len < offsetofend(struct hybd_srv_info, queue_map_size))
+		return -EINVAL;
+
+	memset(&info, 0, sizeof(info));
+	info.len = sizeof(info);
+	info.dev_id = dev->id;
+	info.nr_hw_queues = dev->params.basic.nr_hw_queues;
+	info.queue_depth = dev->params.basic.queue_depth;
+	info.max_io_bytes = dev->params.basic.max_io_bytes;
+	info.ring_entries = dev->ring_entries;
+	info.queue_stride = dev->queue_stride;
+	info.queue_map_size = dev->queues[0].area_size;
+	info.params = dev->params;
+	if (copy_to_user(arg, &info, min_t(size_t, len, sizeof(info))))
+		return -EFAULT;
+	return 0;
+}
+
+static long hybd_srv_kick(struct hybd_dev *dev, unsigned long queue)
+{
+	struct hybd_queue *q;
+
+	if (queue >= dev->params.basic.nr_hw_queues)
+		return -EINVAL;
+	q = &dev->queues[queue];
+	WRITE_ONCE(q->kicked, true);
+	smp_mb();
+	wake_up_all(&q->wq);
+	return 0;
+}
+
+static long hybd_srv_ioctl(struct file *file, unsigned int cmd,
+			   unsigned long arg)
+{
+	struct hybd_dev *dev = file->private_data;
+
+	switch (cmd) {
+	case HYBD_SRV_IO:
+		return hybd_srv_io(dev, (void __user *)arg);
+	case HYBD_SRV_GET_INFO:
+		return hybd_srv_get_info(dev, (void __user *)arg);
+	case HYBD_SRV_START:
+		return hybd_dev_start(dev);
+	case HYBD_SRV_KICK:
+		return hybd_srv_kick(dev, arg);
+	default:
+		return -ENOTTY;
+	}
+}
+
+static int hybd_srv_mmap(struct file *file, struct vm_area_struct *vma)
+{
+	struct hybd_dev *dev = file->private_data;
+	u64 off = (u64)vma->vm_pgoff << PAGE_SHIFT;
+	size_t len = vma->vm_end - vma->vm_start;
+	struct hybd_queue *q;
+	u64 qid;
+
+	if (off % dev->queue_stride)
+		return -EINVAL;
+	qid = div64_u64(off, dev->queue_stride);
+	if (qid >= dev->params.basic.nr_hw_queues)
+		return -EINVAL;
+	q = &dev->queues[qid];
+	if (len > q->area_size)
+		return -EINVAL;
+	/* the area is shared with the kernel: never copy-on-write it */
+	if (!(vma->vm_flags & VM_SHARED))
+		return -EINVAL;
+	return remap_vmalloc_range(vma, q->area, 0);
+}
+
+static int hybd_srv_open(struct inode *inode, struct file *file)
+{
+	struct hybd_dev *dev = hybd_dev_get(iminor(inode));
+	int ret = 0;
+
+	if (!dev)
+		return -ENODEV;
+	if (!capable(CAP_SYS_ADMIN)) {
+		ret = -EPERM;
+		goto out_put;
+	}
+
+	mutex_lock(&dev->lock);
+	if (dev->state != HYBD_STATE_ADDED)
+		ret = -ENODEV;
+	else if (dev->server_open)
+		ret = -EBUSY;
+	if (!ret) {
+		dev->server_open = true;
+		dev->server_pid = task_tgid_vnr(current);
+	}
+	mutex_unlock(&dev->lock);
+	if (ret)
+		goto out_put;
+
+	file->private_data = dev;
+	return nonseekable_open(inode, file);
+
+out_put:
+	hybd_dev_put(dev);
+	return ret;
+}
+
+/*
+ * The server's last reference is gone (close, exit or crash): nobody will
+ * complete the outstanding requests, so they fail now, and so does all
+ * later I/O.
+ */
+static int hybd_srv_release(struct inode *inode, struct file *file)
+{
+	struct hybd_dev *dev = file->private_data;
+
+	hybd_dev_kill(dev);
+	mutex_lock(&dev->lock);
+	dev->server_open = false;
+	mutex_unlock(&dev->lock);
+	hybd_dev_put(dev);
+	return 0;
+}
+
+const struct file_operations hybd_srv_fops = {
+	.owner		= THIS_MODULE,
+	.open		= hybd_srv_open,
+	.release	= hybd_srv_release,
+	.mmap		= hybd_srv_mmap,
+	.unlocked_ioctl	= hybd_srv_ioctl,
+	.compat_ioctl	= compat_ptr_ioctl,
+};
