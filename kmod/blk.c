@@ -126,6 +126,31 @@ static void hybd_kick_worker(struct hybd_queue *q)
 		wake_up(&q->wq);
 }
 
+/*
+ * The fast path completed the request: count it, end it, and publish what
+ * earlier requests of the batch left in the ring.
+ */
+static blk_status_t hybd_end_fast(struct hybd_queue *q, struct request *rq,
+				  struct hybd_tag *t, int ret, bool last)
+{
+	bool published = false;
+
+	spin_lock(&q->lock);
+	q->stats.fast_done++;
+	if (ret)
+		q->stats.fast_errors++;
+	hybd_count_op(&q->stats, t->bio.op, t->bio.flags);
+	hybd_lat_add(q->stats.fast_lat, t->start_ns);
+	if (last)
+		published = hybd_publish(q);
+	spin_unlock(&q->lock);
+	if (published)
+		hybd_kick_worker(q);
+
+	blk_mq_end_request(rq, ret ? errno_to_blk_status(ret) : BLK_STS_OK);
+	return BLK_STS_OK;
+}
+
 static blk_status_t hybd_queue_rq(struct blk_mq_hw_ctx *hctx,
 				  const struct blk_mq_queue_data *bd)
 {
@@ -136,7 +161,9 @@ static blk_status_t hybd_queue_rq(struct blk_mq_hw_ctx *hctx,
 	struct hybd_io_desc *desc;
 	bool published = false;
 	int op = hybd_rq_op(rq);
+	struct hybd_tag *t;
 	u16 flags;
+	int ret;
 
 	if (op < 0)
 		return BLK_STS_NOTSUPP;
@@ -148,6 +175,22 @@ static blk_status_t hybd_queue_rq(struct blk_mq_hw_ctx *hctx,
 
 	flags = hybd_rq_flags(rq);
 	blk_mq_start_request(rq);
+
+	t = &q->tags[tag];
+	t->rq = rq;
+	t->start_ns = ktime_get_ns();
+	t->bio = (struct hybd_bpf_io) {
+		.op	= op,
+		.flags	= flags,
+		.sector	= blk_rq_pos(rq),
+		.bytes	= op == HYBD_OP_FLUSH ? 0 : bytes,
+		.dev_id	= q->dev->id,
+		.queue	= q->id,
+		.tag	= tag,
+	};
+	ret = hybd_bpf_submit(q, t);
+	if (ret != HYBD_BPF_PASS)
+		return hybd_end_fast(q, rq, t, ret, bd->last);
 
 	/* the tag's buffer is ours until the request completes */
 	if (op == HYBD_OP_WRITE)
@@ -165,16 +208,15 @@ static blk_status_t hybd_queue_rq(struct blk_mq_hw_ctx *hctx,
 		return BLK_STS_IOERR;
 	}
 
-	q->tags[tag].rq = rq;
-	q->tags[tag].seq = ++q->next_seq;
-	q->tags[tag].state = HYBD_TAG_INFLIGHT;
+	t->seq = ++q->next_seq;
+	t->state = HYBD_TAG_INFLIGHT;
 
 	desc = &q->desc[tag];
 	WRITE_ONCE(desc->op, op);
 	WRITE_ONCE(desc->flags, flags);
 	WRITE_ONCE(desc->nr_bytes, op == HYBD_OP_FLUSH ? 0 : bytes);
 	WRITE_ONCE(desc->sector, blk_rq_pos(rq));
-	WRITE_ONCE(desc->seq, q->tags[tag].seq);
+	WRITE_ONCE(desc->seq, t->seq);
 	WRITE_ONCE(q->sq[q->sq_tail & (q->dev->ring_entries - 1)], tag);
 	q->sq_tail++;
 

@@ -56,6 +56,8 @@ static long hybd_ctl_features(void __user *arg)
 	f.len = sizeof(f);
 	f.abi_version = HYBD_ABI_VERSION;
 	f.features = HYBD_F_RINGS | HYBD_F_POLL | HYBD_F_SEQ_CHECK;
+	if (hybd_bpf_ready)
+		f.features |= HYBD_F_BPF;
 	return hybd_copy_out(arg, &f, sizeof(f));
 }
 
@@ -180,6 +182,56 @@ out:
 	return ret;
 }
 
+static long hybd_ctl_stats(struct hybd_ctl_stats __user *arg)
+{
+	struct hybd_ctl_stats *st;
+	struct hybd_queue_stat *qs;
+	struct hybd_dev *dev;
+	unsigned int i, nr;
+	int ret;
+
+	st = kzalloc(sizeof(*st), GFP_KERNEL);
+	qs = kzalloc(sizeof(*qs), GFP_KERNEL);
+	ret = -ENOMEM;
+	if (!st || !qs)
+		goto out;
+	ret = hybd_copy_in(st, sizeof(*st), sizeof(*st), arg);
+	if (ret)
+		goto out;
+	if (st->reserved[0] || st->reserved[1]) {
+		ret = -EINVAL;
+		goto out;
+	}
+	dev = hybd_dev_get(st->dev_id);
+	if (!dev) {
+		ret = -ENODEV;
+		goto out;
+	}
+	nr = dev->params.basic.nr_hw_queues;
+	memset(&st->total, 0, sizeof(st->total));
+	for (i = 0; i < nr; i++) {
+		memset(qs, 0, sizeof(*qs));
+		hybd_queue_stat_add(&dev->queues[i], qs);
+		hybd_queue_stat_add(&dev->queues[i], &st->total);
+		if (i < st->queue_room &&
+		    copy_to_user(u64_to_user_ptr(st->queues) + i * sizeof(*qs),
+				 qs, sizeof(*qs))) {
+			ret = -EFAULT;
+			break;
+		}
+	}
+	hybd_dev_put(dev);
+	if (ret)
+		goto out;
+	st->nr_queues = nr;
+	st->len = sizeof(*st);
+	ret = hybd_copy_out(arg, st, sizeof(*st));
+out:
+	kfree(qs);
+	kfree(st);
+	return ret;
+}
+
 static long hybd_ctl_ioctl(struct file *file, unsigned int cmd,
 			   unsigned long arg)
 {
@@ -199,6 +251,8 @@ static long hybd_ctl_ioctl(struct file *file, unsigned int cmd,
 		return hybd_ctl_info(uarg);
 	case HYBD_CTL_LIST:
 		return hybd_ctl_list(uarg);
+	case HYBD_CTL_STATS:
+		return hybd_ctl_stats(uarg);
 	default:
 		return -ENOTTY;
 	}

@@ -431,6 +431,7 @@ void hybd_dev_delete(struct hybd_dev *dev)
 	mutex_unlock(&dev->lock);
 
 	hybd_dev_kill(dev);
+	hybd_bpf_dev_gone(dev);
 
 	mutex_lock(&dev->lock);
 	if (dev->disk) {
@@ -448,36 +449,54 @@ void hybd_dev_delete(struct hybd_dev *dev)
 	hybd_dev_put(dev);	/* the table's */
 }
 
-/* Sum the per-queue counters. */
+/**
+ * hybd_queue_stat_add() - add one queue's counters to @dst
+ * @q: the queue
+ * @dst: where to add; may hold other queues' sums already
+ */
+void hybd_queue_stat_add(struct hybd_queue *q, struct hybd_queue_stat *dst)
+{
+	struct hybd_queue_stats *qs = &q->stats;
+	struct hybd_dev_stats *s = &dst->c;
+	int i;
+
+	spin_lock(&q->lock);
+	s->slow_issued += qs->slow_issued;
+	s->slow_done += qs->slow_done;
+	s->slow_errors += qs->slow_errors;
+	s->fast_done += qs->fast_done;
+	s->fast_errors += qs->fast_errors;
+	s->failed_dead += qs->failed_dead;
+	s->reads += qs->reads;
+	s->writes += qs->writes;
+	s->flushes += qs->flushes;
+	s->fua += qs->fua;
+	s->discards += qs->discards;
+	s->write_zeroes += qs->write_zeroes;
+	s->rej_bad_tag += qs->rej_bad_tag;
+	s->rej_not_outstanding += qs->rej_not_outstanding;
+	s->rej_stale_seq += qs->rej_stale_seq;
+	s->rej_bad_result += qs->rej_bad_result;
+	s->rej_ring_index += qs->rej_ring_index;
+	s->bpf_bad_ret += qs->bpf_bad_ret;
+	for (i = 0; i < HYBD_LAT_BUCKETS; i++) {
+		dst->fast_lat[i] += qs->fast_lat[i];
+		dst->slow_lat[i] += qs->slow_lat[i];
+	}
+	spin_unlock(&q->lock);
+}
+
 static void hybd_dev_sum_stats(struct hybd_dev *dev, struct hybd_dev_stats *s)
 {
+	struct hybd_queue_stat *sum = kzalloc(sizeof(*sum), GFP_KERNEL);
 	unsigned int i;
 
-	for (i = 0; i < dev->params.basic.nr_hw_queues; i++) {
-		struct hybd_queue *q = &dev->queues[i];
-		struct hybd_queue_stats *qs = &q->stats;
-
-		spin_lock(&q->lock);
-		s->slow_issued += qs->slow_issued;
-		s->slow_done += qs->slow_done;
-		s->slow_errors += qs->slow_errors;
-		s->fast_done += qs->fast_done;
-		s->fast_errors += qs->fast_errors;
-		s->failed_dead += qs->failed_dead;
-		s->reads += qs->reads;
-		s->writes += qs->writes;
-		s->flushes += qs->flushes;
-		s->fua += qs->fua;
-		s->discards += qs->discards;
-		s->write_zeroes += qs->write_zeroes;
-		s->rej_bad_tag += qs->rej_bad_tag;
-		s->rej_not_outstanding += qs->rej_not_outstanding;
-		s->rej_stale_seq += qs->rej_stale_seq;
-		s->rej_bad_result += qs->rej_bad_result;
-		s->rej_ring_index += qs->rej_ring_index;
-		s->bpf_bad_ret += qs->bpf_bad_ret;
-		spin_unlock(&q->lock);
-	}
+	if (!sum)
+		return;
+	for (i = 0; i < dev->params.basic.nr_hw_queues; i++)
+		hybd_queue_stat_add(&dev->queues[i], sum);
+	*s = sum->c;
+	kfree(sum);
 }
 
 void hybd_dev_fill_info(struct hybd_dev *dev, struct hybd_dev_info *info)
@@ -492,5 +511,6 @@ void hybd_dev_fill_info(struct hybd_dev *dev, struct hybd_dev_info *info)
 	info->params = dev->params;
 	mutex_unlock(&dev->lock);
 	info->len = sizeof(*info);
+	hybd_bpf_fill_info(dev, info);
 	hybd_dev_sum_stats(dev, &info->stats);
 }

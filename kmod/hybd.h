@@ -15,6 +15,7 @@
 #include <linux/cdev.h>
 #include <linux/completion.h>
 #include <linux/kref.h>
+#include <linux/log2.h>
 #include <linux/mutex.h>
 #include <linux/spinlock.h>
 #include <linux/wait.h>
@@ -33,7 +34,10 @@ enum hybd_tag_state {
 struct hybd_tag {
 	struct request	*rq;
 	u64		seq;
+	u64		start_ns;
+	u32		bpf_gen;	/* generation of the program that passed it */
 	u8		state;
+	struct hybd_bpf_io bio;		/* what the BPF program sees */
 };
 
 /* Per-queue counters; summed into struct hybd_dev_stats on demand. */
@@ -45,6 +49,8 @@ struct hybd_queue_stats {
 	u64 rej_bad_tag, rej_not_outstanding, rej_stale_seq;
 	u64 rej_bad_result, rej_ring_index;
 	u64 bpf_bad_ret;
+	u64 fast_lat[HYBD_LAT_BUCKETS];
+	u64 slow_lat[HYBD_LAT_BUCKETS];
 };
 
 struct hybd_queue {
@@ -105,11 +111,18 @@ struct hybd_dev {
 
 	struct cdev		*cdev;
 	struct device		*srv_dev;
+
+	/* the BPF fast path; written under hybd_bpf_lock, read under RCU */
+	struct hybd_bpf_ops __rcu *bpf_ops;
+	u32			bpf_gen;	/* bumped on attach/replace */
+	u32			bpf_link_id;
+	u32			bpf_attaches;
 };
 
 /* main.c */
 extern struct class *hybd_class;
 extern dev_t hybd_srv_devt;
+extern bool hybd_bpf_ready;
 struct hybd_dev *hybd_dev_get(u32 id);
 int hybd_dev_insert(struct hybd_dev *dev, u32 id);
 void hybd_dev_remove_id(struct hybd_dev *dev);
@@ -127,12 +140,27 @@ void hybd_dev_kill(struct hybd_dev *dev);
 void hybd_dev_delete(struct hybd_dev *dev);
 void hybd_dev_put(struct hybd_dev *dev);
 void hybd_dev_fill_info(struct hybd_dev *dev, struct hybd_dev_info *info);
+void hybd_queue_stat_add(struct hybd_queue *q, struct hybd_queue_stat *dst);
 int hybd_params_check(struct hybd_params *p, u32 *err_param);
 
 /* blk.c */
 extern const struct blk_mq_ops hybd_mq_ops;
 void hybd_queue_fail_all(struct hybd_queue *q);
 void hybd_copy_to_rq(struct request *rq, const u8 *src);
+
+/* bpf.c */
+int hybd_bpf_init(void);
+void hybd_bpf_dev_gone(struct hybd_dev *dev);
+int hybd_bpf_submit(struct hybd_queue *q, struct hybd_tag *t);
+void hybd_bpf_complete(struct hybd_queue *q, struct hybd_tag *t);
+void hybd_bpf_fill_info(struct hybd_dev *dev, struct hybd_dev_info *info);
+
+static inline void hybd_lat_add(u64 *hist, u64 start_ns)
+{
+	u64 d = ktime_get_ns() - start_ns;
+
+	hist[d ? min_t(unsigned int, ilog2(d), HYBD_LAT_BUCKETS - 1) : 0]++;
+}
 
 /* ring.c */
 extern const struct file_operations hybd_srv_fops;

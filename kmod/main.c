@@ -15,6 +15,7 @@
 
 struct class *hybd_class;
 dev_t hybd_srv_devt;
+bool hybd_bpf_ready;
 
 static DEFINE_XARRAY(hybd_devs);
 static DEFINE_MUTEX(hybd_devs_lock);
@@ -130,6 +131,12 @@ static int __init hybd_init(void)
 		ret = PTR_ERR(hybd_class);
 		goto out_chrdev;
 	}
+
+	/* without BPF support the module still works, minus the fast path */
+	ret = hybd_bpf_init();
+	if (ret)
+		pr_warn("BPF fast path unavailable (%d)\n", ret);
+	hybd_bpf_ready = !ret;
 
 	ret = hybd_ctl_init();
 	if (ret)

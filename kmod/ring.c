@@ -103,10 +103,14 @@ void hybd_queue_free(struct hybd_queue *q)
 	q->tags = NULL;
 }
 
-/* Finish one accepted completion, outside the queue lock. */
-static void hybd_end_slow(struct hybd_queue *q, struct request *rq, int res,
+/*
+ * Finish one accepted completion, outside the queue lock: the data, then
+ * the program's complete() hook, then the block layer.
+ */
+static void hybd_end_slow(struct hybd_queue *q, struct hybd_tag *t, int res,
 			  bool bad)
 {
+	struct request *rq = t->rq;
 	blk_status_t sts = BLK_STS_OK;
 
 	if (bad)
@@ -116,6 +120,8 @@ static void hybd_end_slow(struct hybd_queue *q, struct request *rq, int res,
 	else if (req_op(rq) == REQ_OP_READ)
 		hybd_copy_to_rq(rq, q->data + (size_t)rq->tag *
 				q->dev->params.basic.max_io_bytes);
+	t->bio.result = bad ? -EIO : res;
+	hybd_bpf_complete(q, t);
 	blk_mq_end_request(rq, sts);
 }
 
@@ -135,7 +141,7 @@ static int hybd_queue_commit(struct hybd_queue *q)
 	u32 mask = q->dev->ring_entries - 1;
 	u32 depth = q->dev->params.basic.queue_depth;
 	struct {
-		struct request *rq;
+		struct hybd_tag *t;
 		int res;
 		bool bad;
 	} batch[HYBD_COMMIT_BATCH];
@@ -179,7 +185,7 @@ static int hybd_queue_commit(struct hybd_queue *q)
 				continue;
 			}
 			t->state = HYBD_TAG_IDLE;
-			batch[n].rq = t->rq;
+			batch[n].t = t;
 			batch[n].res = res;
 			batch[n].bad = res > 0 || res < -MAX_ERRNO;
 			if (batch[n].bad)
@@ -187,13 +193,14 @@ static int hybd_queue_commit(struct hybd_queue *q)
 			else if (res)
 				q->stats.slow_errors++;
 			q->stats.slow_done++;
+			hybd_lat_add(q->stats.slow_lat, t->start_ns);
 			n++;
 		}
 		WRITE_ONCE(q->hdr->cq_head, q->cq_head);
 		spin_unlock(&q->lock);
 
 		for (i = 0; i < n; i++)
-			hybd_end_slow(q, batch[i].rq, batch[i].res,
+			hybd_end_slow(q, batch[i].t, batch[i].res,
 				      batch[i].bad);
 		done += n;
 		if (n < HYBD_COMMIT_BATCH)

@@ -187,8 +187,8 @@ struct hybd_dev_info {
 	__s32	server_pid;	/* out: 0 if none */
 	__u32	disk_major;	/* out: 0 until started */
 	__u32	disk_minor;
-	__u32	bpf_prog_id;	/* out: attached fast path, 0 if none */
-	__u32	reserved0;
+	__u32	bpf_link_id;	/* out: link of the attached fast path, 0 if none */
+	__u32	bpf_attaches;	/* out: attach + replace count since creation */
 	char	bpf_name[16];	/* out: the attached ops' name */
 	__u64	reserved[4];
 	struct hybd_params	params;	/* out */
@@ -200,6 +200,29 @@ struct hybd_ctl_list {
 	__u32	len;
 	__u32	count;		/* in: room in ids; out: devices that exist */
 	__u64	ids;		/* user pointer to __u32[count] */
+};
+
+/*
+ * Latency histograms: bucket i counts requests whose latency, from
+ * queue_rq to completion, was in [2^i, 2^(i+1)) ns (bucket 0 also < 1 ns).
+ */
+#define HYBD_LAT_BUCKETS	32
+
+struct hybd_queue_stat {
+	struct hybd_dev_stats	c;
+	__u64	fast_lat[HYBD_LAT_BUCKETS];
+	__u64	slow_lat[HYBD_LAT_BUCKETS];
+};
+
+/* HYBD_CTL_STATS: the device's totals and, optionally, each queue's */
+struct hybd_ctl_stats {
+	__u32	len;
+	__u32	dev_id;		/* in */
+	__u32	nr_queues;	/* out */
+	__u32	queue_room;	/* in: entries at queues (0: totals only) */
+	__u64	queues;		/* in: user pointer to hybd_queue_stat[room] */
+	__u64	reserved[2];
+	struct hybd_queue_stat	total;	/* out */
 };
 
 /* HYBD_CTL_GET_FEATURES */
@@ -216,6 +239,7 @@ struct hybd_ctl_features {
 #define HYBD_CTL_DEL		_IOW(HYBD_IOC_MAGIC, 0x02, struct hybd_ctl_dev)
 #define HYBD_CTL_INFO		_IOWR(HYBD_IOC_MAGIC, 0x03, struct hybd_dev_info)
 #define HYBD_CTL_LIST		_IOWR(HYBD_IOC_MAGIC, 0x04, struct hybd_ctl_list)
+#define HYBD_CTL_STATS		_IOWR(HYBD_IOC_MAGIC, 0x05, struct hybd_ctl_stats)
 
 /*
  * ---------------------------------------------------------------------
@@ -341,5 +365,49 @@ struct hybd_srv_io {
 #define HYBD_SRV_IO		_IOWR(HYBD_IOC_MAGIC, 0x42, struct hybd_srv_io)
 /* wake every worker sleeping on queue number arg (they return 0) */
 #define HYBD_SRV_KICK		_IO(HYBD_IOC_MAGIC, 0x43)
+
+/*
+ * ---------------------------------------------------------------------
+ * The BPF fast path
+ * ---------------------------------------------------------------------
+ *
+ * A program is a struct_ops map of type struct hybd_bpf_ops, attached to
+ * one device (dev_id, set by the loader) through a BPF link.  submit()
+ * runs in queue_rq for every request; complete() runs when a request the
+ * program passed to the slow path has finished, before the block layer
+ * sees it, so the program can cache the data just read.
+ */
+
+/* submit() return values; -errno (-1..-4095) completes with that error */
+#define HYBD_BPF_DONE	0	/* completed in the kernel, success */
+#define HYBD_BPF_PASS	1	/* goes to the user-space server */
+
+/*
+ * The request as a program sees it.  Read-only but for scratch, which
+ * submit() may write and complete() reads back (e.g. a version stamp).
+ */
+struct hybd_bpf_io {
+	__u32	op;		/* enum hybd_io_op */
+	__u32	flags;		/* HYBD_IO_F_* */
+	__u64	sector;		/* 512-byte units */
+	__u32	bytes;		/* payload length (0 for flush) */
+	__u32	dev_id;
+	__u16	queue;		/* hardware queue */
+	__u16	tag;
+	__s32	result;		/* complete(): 0 or -errno from the server */
+	__u64	scratch;	/* program-owned, per request */
+};
+
+#define HYBD_BPF_NAME_LEN	16
+
+struct hybd_bpf_ops {
+	/* every request: HYBD_BPF_DONE, HYBD_BPF_PASS or -errno */
+	int	(*submit)(struct hybd_bpf_io *io);
+	/* a passed request finished in the server (optional) */
+	void	(*complete)(struct hybd_bpf_io *io);
+	__u32	dev_id;		/* the device to attach to */
+	__u32	flags;		/* none defined: must be zero */
+	char	name[HYBD_BPF_NAME_LEN];
+};
 
 #endif /* _UAPI_HYBD_H */

@@ -1,0 +1,450 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * hybd - the BPF fast path: a struct_ops type, struct hybd_bpf_ops, that a
+ * program attaches to one device through a BPF link, and the kfuncs that
+ * move data between a request and BPF memory.
+ *
+ * submit() runs in queue_rq for every request and either completes it
+ * (HYBD_BPF_DONE or -errno) or passes it to the server (HYBD_BPF_PASS).
+ * complete() runs for a passed request when the server has finished it.
+ * Attach, detach and replace swap one RCU pointer, so a request sees one
+ * program or none, and is completed exactly once either way.
+ */
+#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
+
+#include <linux/bpf.h>
+#include <linux/bpf_verifier.h>
+#include <linux/btf.h>
+#include <linux/btf_ids.h>
+#include <linux/blk-mq.h>
+#include <linux/bvec.h>
+#include <linux/module.h>
+#include <linux/string.h>
+
+#include "hybd.h"
+
+static DEFINE_MUTEX(hybd_bpf_lock);
+static const struct btf *hybd_btf;
+
+BTF_ID_LIST_SINGLE(hybd_bpf_io_btf_id, struct, hybd_bpf_io)
+
+static struct hybd_tag *hybd_io_tag(struct hybd_bpf_io *io)
+{
+	return container_of(io, struct hybd_tag, bio);
+}
+
+/*
+ * Copy between a request's pages and @buf.  @off and @len are checked
+ * against the request's length by the callers.
+ */
+static void hybd_rq_copy(struct request *rq, u32 off, void *buf, u32 len,
+			 bool to_rq)
+{
+	struct req_iterator iter;
+	struct bio_vec bv;
+
+	rq_for_each_segment(bv, rq, iter) {
+		u32 n;
+
+		if (off >= bv.bv_len) {
+			off -= bv.bv_len;
+			continue;
+		}
+		bv.bv_offset += off;
+		bv.bv_len -= off;
+		off = 0;
+		n = min(bv.bv_len, len);
+		bv.bv_len = n;
+		if (to_rq)
+			memcpy_to_bvec(&bv, buf);
+		else
+			memcpy_from_bvec(buf, &bv);
+		buf += n;
+		len -= n;
+		if (!len)
+			break;
+	}
+}
+
+static bool hybd_io_has_data(struct hybd_bpf_io *io)
+{
+	return io->op == HYBD_OP_READ || io->op == HYBD_OP_WRITE;
+}
+
+__bpf_kfunc_start_defs();
+
+/**
+ * hybd_bpf_io_zero() - fill a read request with zeros
+ * @io: the request, from submit()
+ *
+ * Context: submit() or complete(); does not sleep.
+ * Return: 0, or -EINVAL if @io is not a read.
+ */
+__bpf_kfunc int hybd_bpf_io_zero(struct hybd_bpf_io *io)
+{
+	struct request *rq = hybd_io_tag(io)->rq;
+	struct req_iterator iter;
+	struct bio_vec bv;
+
+	if (io->op != HYBD_OP_READ)
+		return -EINVAL;
+	rq_for_each_segment(bv, rq, iter)
+		memzero_bvec(&bv);
+	return 0;
+}
+
+/**
+ * hybd_bpf_io_copy_in() - copy BPF memory into a read request's payload
+ * @io: the request, a read
+ * @off: byte offset into the payload
+ * @src: BPF memory (a map value, stack)
+ * @src__sz: bytes to copy; @off + @src__sz must not pass io->bytes
+ *
+ * Context: submit() or complete(); does not sleep.
+ * Return: 0, -EINVAL if @io is not a read, -ERANGE if out of bounds.
+ */
+__bpf_kfunc int hybd_bpf_io_copy_in(struct hybd_bpf_io *io, u32 off,
+				    const void *src, u32 src__sz)
+{
+	if (io->op != HYBD_OP_READ)
+		return -EINVAL;
+	if ((u64)off + src__sz > io->bytes)
+		return -ERANGE;
+	hybd_rq_copy(hybd_io_tag(io)->rq, off, (void *)src, src__sz, true);
+	return 0;
+}
+
+/**
+ * hybd_bpf_io_copy_out() - copy a request's payload into BPF memory
+ * @io: the request: a write (submit or complete) or a read (complete,
+ *      where the payload is the data the server returned)
+ * @off: byte offset into the payload
+ * @dst: BPF memory (a map value, stack)
+ * @dst__sz: bytes to copy; @off + @dst__sz must not pass io->bytes
+ *
+ * Context: submit() or complete(); does not sleep.
+ * Return: 0, -EINVAL for a request without payload, -ERANGE if out of
+ * bounds.
+ */
+__bpf_kfunc int hybd_bpf_io_copy_out(struct hybd_bpf_io *io, u32 off,
+				     void *dst, u32 dst__sz)
+{
+	if (!hybd_io_has_data(io))
+		return -EINVAL;
+	if ((u64)off + dst__sz > io->bytes)
+		return -ERANGE;
+	hybd_rq_copy(hybd_io_tag(io)->rq, off, dst, dst__sz, false);
+	return 0;
+}
+
+/**
+ * hybd_bpf_io_is_zero() - test whether a request's payload is all zero
+ * @io: the request (a write in submit, a read in complete)
+ *
+ * Context: submit() or complete(); does not sleep.
+ * Return: 1 if every byte is zero, 0 if not, -EINVAL without payload.
+ */
+__bpf_kfunc int hybd_bpf_io_is_zero(struct hybd_bpf_io *io)
+{
+	struct request *rq = hybd_io_tag(io)->rq;
+	struct req_iterator iter;
+	struct bio_vec bv;
+
+	if (!hybd_io_has_data(io))
+		return -EINVAL;
+	rq_for_each_segment(bv, rq, iter) {
+		void *p = bvec_kmap_local(&bv);
+		bool nz = memchr_inv(p, 0, bv.bv_len);
+
+		kunmap_local(p);
+		if (nz)
+			return 0;
+	}
+	return 1;
+}
+
+__bpf_kfunc_end_defs();
+
+BTF_KFUNCS_START(hybd_kfunc_ids)
+BTF_ID_FLAGS(func, hybd_bpf_io_zero, KF_TRUSTED_ARGS)
+BTF_ID_FLAGS(func, hybd_bpf_io_copy_in, KF_TRUSTED_ARGS)
+BTF_ID_FLAGS(func, hybd_bpf_io_copy_out, KF_TRUSTED_ARGS)
+BTF_ID_FLAGS(func, hybd_bpf_io_is_zero, KF_TRUSTED_ARGS)
+BTF_KFUNCS_END(hybd_kfunc_ids)
+
+static const struct btf_kfunc_id_set hybd_kfunc_set = {
+	.owner	= THIS_MODULE,
+	.set	= &hybd_kfunc_ids,
+};
+
+/* ---- the struct_ops type ---- */
+
+static int hybd_ops_init(struct btf *btf)
+{
+	hybd_btf = btf;
+	return 0;
+}
+
+static bool hybd_ops_is_valid_access(int off, int size,
+				     enum bpf_access_type type,
+				     const struct bpf_prog *prog,
+				     struct bpf_insn_access_aux *info)
+{
+	return bpf_tracing_btf_ctx_access(off, size, type, prog, info);
+}
+
+/* Programs may write io->scratch and nothing else. */
+static int hybd_ops_btf_struct_access(struct bpf_verifier_log *log,
+				      const struct bpf_reg_state *reg,
+				      int off, int size)
+{
+	if (reg->btf == hybd_btf && reg->btf_id == hybd_bpf_io_btf_id[0] &&
+	    off >= offsetof(struct hybd_bpf_io, scratch) &&
+	    off + size <= offsetofend(struct hybd_bpf_io, scratch))
+		return NOT_INIT;
+	bpf_log(log, "hybd: only hybd_bpf_io.scratch is writable (off %d size %d)\n",
+		off, size);
+	return -EACCES;
+}
+
+static const struct bpf_verifier_ops hybd_verifier_ops = {
+	.get_func_proto		= bpf_base_func_proto,
+	.is_valid_access	= hybd_ops_is_valid_access,
+	.btf_struct_access	= hybd_ops_btf_struct_access,
+};
+
+/* Both hooks run where sleeping is not allowed. */
+static int hybd_ops_check_member(const struct btf_type *t,
+				 const struct btf_member *member,
+				 const struct bpf_prog *prog)
+{
+	if (prog->sleepable)
+		return -EINVAL;
+	return 0;
+}
+
+static int hybd_ops_init_member(const struct btf_type *t,
+				const struct btf_member *member,
+				void *kdata, const void *udata)
+{
+	const struct hybd_bpf_ops *uops = udata;
+	struct hybd_bpf_ops *kops = kdata;
+	u32 moff = __btf_member_bit_offset(t, member) / 8;
+
+	switch (moff) {
+	case offsetof(struct hybd_bpf_ops, dev_id):
+		kops->dev_id = uops->dev_id;
+		return 1;
+	case offsetof(struct hybd_bpf_ops, flags):
+		if (uops->flags)
+			return -EINVAL;
+		kops->flags = 0;
+		return 1;
+	case offsetof(struct hybd_bpf_ops, name):
+		if (strnlen(uops->name, sizeof(uops->name)) >=
+		    sizeof(uops->name))
+			return -EINVAL;
+		strscpy(kops->name, uops->name, sizeof(kops->name));
+		return 1;
+	}
+	return 0;
+}
+
+static int hybd_ops_validate(void *kdata)
+{
+	struct hybd_bpf_ops *ops = kdata;
+
+	return ops->submit ? 0 : -EINVAL;
+}
+
+static void hybd_bpf_set(struct hybd_dev *dev, struct hybd_bpf_ops *ops,
+			 struct bpf_link *link)
+{
+	rcu_assign_pointer(dev->bpf_ops, ops);
+	if (ops) {
+		dev->bpf_gen++;
+		dev->bpf_attaches++;
+	}
+	dev->bpf_link_id = ops && link ? link->id : 0;
+}
+
+static int hybd_ops_reg(void *kdata, struct bpf_link *link)
+{
+	struct hybd_bpf_ops *ops = kdata;
+	struct hybd_dev *dev;
+	int ret = 0;
+
+	dev = hybd_dev_get(ops->dev_id);
+	if (!dev)
+		return -ENODEV;
+	mutex_lock(&hybd_bpf_lock);
+	if (rcu_access_pointer(dev->bpf_ops))
+		ret = -EBUSY;
+	else
+		hybd_bpf_set(dev, ops, link);
+	mutex_unlock(&hybd_bpf_lock);
+	hybd_dev_put(dev);
+	return ret;
+}
+
+static void hybd_ops_unreg(void *kdata, struct bpf_link *link)
+{
+	struct hybd_bpf_ops *ops = kdata;
+	struct hybd_dev *dev;
+
+	dev = hybd_dev_get(ops->dev_id);
+	if (!dev)
+		return;
+	mutex_lock(&hybd_bpf_lock);
+	if (rcu_access_pointer(dev->bpf_ops) == ops)
+		hybd_bpf_set(dev, NULL, NULL);
+	mutex_unlock(&hybd_bpf_lock);
+	/* no submit() or complete() of @ops runs after this */
+	synchronize_rcu();
+	hybd_dev_put(dev);
+}
+
+static int hybd_ops_update(void *kdata, void *old_kdata, struct bpf_link *link)
+{
+	struct hybd_bpf_ops *ops = kdata, *old = old_kdata;
+	struct hybd_dev *dev;
+	int ret = 0;
+
+	if (ops->dev_id != old->dev_id)
+		return -EINVAL;
+	dev = hybd_dev_get(ops->dev_id);
+	if (!dev)
+		return -ENODEV;
+	mutex_lock(&hybd_bpf_lock);
+	if (rcu_access_pointer(dev->bpf_ops) != old)
+		ret = -ENOENT;
+	else
+		hybd_bpf_set(dev, ops, link);
+	mutex_unlock(&hybd_bpf_lock);
+	synchronize_rcu();
+	hybd_dev_put(dev);
+	return ret;
+}
+
+static int hybd_stub_submit(struct hybd_bpf_io *io)
+{
+	return HYBD_BPF_PASS;
+}
+
+static void hybd_stub_complete(struct hybd_bpf_io *io)
+{
+}
+
+static struct hybd_bpf_ops hybd_bpf_stubs = {
+	.submit		= hybd_stub_submit,
+	.complete	= hybd_stub_complete,
+};
+
+static struct bpf_struct_ops hybd_bpf_struct_ops = {
+	.verifier_ops	= &hybd_verifier_ops,
+	.init		= hybd_ops_init,
+	.check_member	= hybd_ops_check_member,
+	.init_member	= hybd_ops_init_member,
+	.validate	= hybd_ops_validate,
+	.reg		= hybd_ops_reg,
+	.unreg		= hybd_ops_unreg,
+	.update		= hybd_ops_update,
+	.name		= "hybd_bpf_ops",
+	.cfi_stubs	= &hybd_bpf_stubs,
+	.owner		= THIS_MODULE,
+};
+
+/**
+ * hybd_bpf_init() - register the struct_ops type and the kfuncs
+ *
+ * Return: 0 or -errno; on failure the module works without a fast path.
+ */
+int hybd_bpf_init(void)
+{
+	int ret;
+
+	ret = register_btf_kfunc_id_set(BPF_PROG_TYPE_STRUCT_OPS,
+					&hybd_kfunc_set);
+	if (ret)
+		return ret;
+	return register_bpf_struct_ops(&hybd_bpf_struct_ops, hybd_bpf_ops);
+}
+
+/* The device is being deleted: forget its program (the link stays). */
+void hybd_bpf_dev_gone(struct hybd_dev *dev)
+{
+	mutex_lock(&hybd_bpf_lock);
+	hybd_bpf_set(dev, NULL, NULL);
+	mutex_unlock(&hybd_bpf_lock);
+	synchronize_rcu();
+}
+
+void hybd_bpf_fill_info(struct hybd_dev *dev, struct hybd_dev_info *info)
+{
+	struct hybd_bpf_ops *ops;
+
+	mutex_lock(&hybd_bpf_lock);
+	ops = rcu_dereference_protected(dev->bpf_ops,
+					lockdep_is_held(&hybd_bpf_lock));
+	if (ops)
+		strscpy(info->bpf_name, ops->name, sizeof(info->bpf_name));
+	info->bpf_link_id = dev->bpf_link_id;
+	info->bpf_attaches = dev->bpf_attaches;
+	mutex_unlock(&hybd_bpf_lock);
+}
+
+/**
+ * hybd_bpf_submit() - run the attached program's submit() on a request
+ * @q: the request's queue
+ * @t: the request's tag, with t->rq set
+ *
+ * Context: queue_rq, under RCU.
+ * Return: HYBD_BPF_PASS when the server must handle the request (also
+ * when no program is attached), else a blk_status_t-worthy errno or 0
+ * (HYBD_BPF_DONE): the caller ends the request.  A return value outside
+ * the contract is counted and becomes -EIO.
+ */
+int hybd_bpf_submit(struct hybd_queue *q, struct hybd_tag *t)
+{
+	struct hybd_bpf_ops *ops;
+	int ret;
+
+	ops = rcu_dereference(q->dev->bpf_ops);
+	if (!ops) {
+		t->bpf_gen = 0;
+		return HYBD_BPF_PASS;
+	}
+	t->bpf_gen = READ_ONCE(q->dev->bpf_gen);
+	ret = ops->submit(&t->bio);
+	if (ret == HYBD_BPF_PASS || ret == HYBD_BPF_DONE)
+		return ret;
+	if (ret < 0 && ret >= -MAX_ERRNO)
+		return ret;
+	spin_lock(&q->lock);
+	q->stats.bpf_bad_ret++;
+	spin_unlock(&q->lock);
+	return -EIO;
+}
+
+/**
+ * hybd_bpf_complete() - run complete() for a request the server finished
+ * @q: the request's queue
+ * @t: the tag; t->bio.result holds the server's result
+ *
+ * Runs only if the program that passed the request is still the one
+ * attached: a replaced program's scratch words mean nothing to its
+ * successor.
+ *
+ * Context: process context (the server's commit), before the request ends.
+ */
+void hybd_bpf_complete(struct hybd_queue *q, struct hybd_tag *t)
+{
+	struct hybd_bpf_ops *ops;
+
+	rcu_read_lock();
+	ops = rcu_dereference(q->dev->bpf_ops);
+	if (ops && ops->complete && t->bpf_gen &&
+	    t->bpf_gen == READ_ONCE(q->dev->bpf_gen))
+		ops->complete(&t->bio);
+	rcu_read_unlock();
+}
