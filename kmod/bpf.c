@@ -6,7 +6,7 @@
  *
  * submit() runs in queue_rq for every request and either completes it
  * (HYBD_BPF_DONE or -errno) or passes it to the server (HYBD_BPF_PASS).
- * complete() runs for a passed request when the server has finished it.
+ * complete() runs for a request when the server has finished it.
  * Attach, detach and replace swap one RCU pointer, so a request sees one
  * program or none, and is completed exactly once either way.
  */
@@ -431,9 +431,9 @@ int hybd_bpf_submit(struct hybd_queue *q, struct hybd_tag *t)
  * @q: the request's queue
  * @t: the tag; t->bio.result holds the server's result
  *
- * Runs only if the program that passed the request is still the one
- * attached: a replaced program's scratch words mean nothing to its
- * successor.
+ * Runs for every slow-path completion while a program is attached, also
+ * for requests submitted before it was (io->own tells): a write that was
+ * in flight when a cache program arrived must still invalidate it.
  *
  * Context: process context (the server's commit), before the request ends.
  */
@@ -443,8 +443,10 @@ void hybd_bpf_complete(struct hybd_queue *q, struct hybd_tag *t)
 
 	rcu_read_lock();
 	ops = rcu_dereference(q->dev->bpf_ops);
-	if (ops && ops->complete && t->bpf_gen &&
-	    t->bpf_gen == READ_ONCE(q->dev->bpf_gen))
+	if (ops && ops->complete) {
+		t->bio.own = t->bpf_gen &&
+			     t->bpf_gen == READ_ONCE(q->dev->bpf_gen);
 		ops->complete(&t->bio);
+	}
 	rcu_read_unlock();
 }

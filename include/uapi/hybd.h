@@ -395,6 +395,15 @@ struct hybd_bpf_io {
 	__u16	queue;		/* hardware queue */
 	__u16	tag;
 	__s32	result;		/* complete(): 0 or -errno from the server */
+	/*
+	 * complete(): 1 if this program's submit() passed the request, so
+	 * scratch is its own; 0 if it was submitted before this program was
+	 * attached (or by a program it replaced).  complete() runs for every
+	 * slow-path completion either way, so that writes issued before an
+	 * attach still invalidate what the new program caches.
+	 */
+	__u32	own;
+	__u32	reserved0;
 	__u64	scratch;	/* program-owned, per request */
 };
 
@@ -403,7 +412,7 @@ struct hybd_bpf_io {
 struct hybd_bpf_ops {
 	/* every request: HYBD_BPF_DONE, HYBD_BPF_PASS or -errno */
 	int	(*submit)(struct hybd_bpf_io *io);
-	/* a passed request finished in the server (optional) */
+	/* a request finished in the server (optional) */
 	void	(*complete)(struct hybd_bpf_io *io);
 	__u32	dev_id;		/* the device to attach to */
 	__u32	flags;		/* none defined: must be zero */

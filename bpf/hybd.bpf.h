@@ -1,0 +1,178 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR MIT) */
+/*
+ * hybd.bpf.h - everything a hybd fast-path program needs.
+ *
+ * A fast path is a struct hybd_bpf_ops with two callbacks:
+ *
+ *   submit(io)    runs in the block driver's queue_rq for EVERY request
+ *                 (read, write, flush, discard, write-zeroes).  Return
+ *                 HYBD_BPF_DONE to complete it right here (after filling a
+ *                 read's payload with hybd_bpf_io_zero() or
+ *                 hybd_bpf_io_copy_in()), -EIO & co. to fail it, or
+ *                 HYBD_BPF_PASS to hand it to the user-space server.
+ *   complete(io)  runs when the server finished a request, before the
+ *                 block layer sees it: io->result is its status and a
+ *                 read's payload holds the data, so you can cache it.
+ *
+ * A program reads like a list of callbacks:
+ *
+ *	int BPF_STRUCT_OPS(mine_submit, struct hybd_bpf_io *io)
+ *	{
+ *		return HYBD_BPF_PASS;
+ *	}
+ *
+ *	HYBD_OPS_DEFINE(mine_ops,
+ *		.submit = (void *)mine_submit,
+ *		.name   = "mine");
+ *
+ * and is attached with `hybdctl attach mine.bpf.o /dev/hybd0`; the loader
+ * sets .dev_id.
+ *
+ * Consistency: a program that caches read data must never serve data that
+ * an overlapping write has replaced.  The versions below make the correct
+ * pattern short: bump on every write's submit AND complete, stamp a read
+ * at submit (io->scratch), and keep the read's data only if the block's
+ * version still equals the stamp at complete.  See cache.bpf.c.
+ */
+#ifndef __HYBD_BPF_H
+#define __HYBD_BPF_H
+
+#include <linux/types.h>
+#include <linux/bpf.h>
+#include <linux/errno.h>
+#include <stdbool.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+
+#include "uapi/hybd.h"
+
+/* ---- kfuncs: moving data between a request and BPF memory ---- */
+
+/* Fill a read with zeros.  0, or -EINVAL if not a read. */
+extern int hybd_bpf_io_zero(struct hybd_bpf_io *io) __ksym;
+/* Copy src__sz bytes of BPF memory into a read's payload at off. */
+extern int hybd_bpf_io_copy_in(struct hybd_bpf_io *io, __u32 off,
+			       const void *src, __u32 src__sz) __ksym;
+/* Copy dst__sz bytes of the payload at off out (write: submit/complete;
+ * read: complete). */
+extern int hybd_bpf_io_copy_out(struct hybd_bpf_io *io, __u32 off,
+				void *dst, __u32 dst__sz) __ksym;
+/* 1 if the payload is all zero, 0 if not, -EINVAL without payload. */
+extern int hybd_bpf_io_is_zero(struct hybd_bpf_io *io) __ksym;
+
+/* ---- defining the ops ---- */
+
+#define BPF_STRUCT_OPS(name, args...) \
+	SEC("struct_ops/" #name) BPF_PROG(name, ##args)
+
+/* One struct_ops map, attached through a link (atomic replace works). */
+#define HYBD_OPS_DEFINE(ops_name, ...) \
+	SEC(".struct_ops.link") struct hybd_bpf_ops ops_name = { __VA_ARGS__ }
+
+/* ---- requests in blocks ---- */
+
+#define HYBD_BLOCK_SHIFT	12			/* 4 KiB */
+#define HYBD_BLOCK_SIZE		(1U << HYBD_BLOCK_SHIFT)
+#define HYBD_SECTORS_PER_BLOCK	(HYBD_BLOCK_SIZE >> 9)
+
+static __always_inline bool hybd_io_changes_data(const struct hybd_bpf_io *io)
+{
+	return io->op == HYBD_OP_WRITE || io->op == HYBD_OP_DISCARD ||
+	       io->op == HYBD_OP_WRITE_ZEROES;
+}
+
+/* First block and number of blocks a request touches (partial included). */
+static __always_inline void hybd_io_blocks(const struct hybd_bpf_io *io,
+					   __u64 *first, __u64 *count)
+{
+	__u64 start = io->sector << 9, end = start + io->bytes;
+
+	*first = start >> HYBD_BLOCK_SHIFT;
+	*count = io->bytes ?
+		 ((end + HYBD_BLOCK_SIZE - 1) >> HYBD_BLOCK_SHIFT) - *first : 0;
+}
+
+/* A read of exactly one aligned block: the unit a cache serves. */
+static __always_inline bool hybd_io_one_block(const struct hybd_bpf_io *io,
+					      __u64 *blk)
+{
+	if (io->op != HYBD_OP_READ || io->bytes != HYBD_BLOCK_SIZE ||
+	    io->sector % HYBD_SECTORS_PER_BLOCK)
+		return false;
+	*blk = io->sector / HYBD_SECTORS_PER_BLOCK;
+	return true;
+}
+
+/* ---- per-block versions (include once per program) ---- */
+
+#ifndef HYBD_VER_BLOCKS
+#define HYBD_VER_BLOCKS		(1U << 18)	/* tracks the first 1 GiB */
+#endif
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, HYBD_VER_BLOCKS);
+	__type(key, __u32);
+	__type(value, __u64);
+} hybd_versions SEC(".maps");
+
+/* A block's version slot, or NULL past the tracked range. */
+static __always_inline __u64 *hybd_ver_slot(__u64 blk)
+{
+	__u32 key = blk;
+
+	if (blk >= HYBD_VER_BLOCKS)
+		return NULL;
+	return bpf_map_lookup_elem(&hybd_versions, &key);
+}
+
+struct hybd_ver_range {
+	__u64 first;
+};
+
+static long hybd_ver_bump_one(__u64 i, void *ctx)
+{
+	struct hybd_ver_range *r = ctx;
+	__u64 *v = hybd_ver_slot(r->first + i);
+
+	if (v)
+		__sync_fetch_and_add(v, 1);
+	return 0;
+}
+
+/*
+ * Call from BOTH submit() and complete() for every request that changes
+ * data.  Two bumps bracket the write: a read stamped before or during it
+ * sees a different version when it completes and is not cached.
+ */
+static __always_inline void hybd_ver_bump(const struct hybd_bpf_io *io)
+{
+	struct hybd_ver_range r;
+	__u64 count;
+
+	hybd_io_blocks(io, &r.first, &count);
+	if (r.first >= HYBD_VER_BLOCKS)
+		return;
+	if (count > HYBD_VER_BLOCKS - r.first)
+		count = HYBD_VER_BLOCKS - r.first;
+	bpf_loop(count, hybd_ver_bump_one, &r, 0);
+}
+
+/*
+ * A stamp for io->scratch: the block's version + 1 (0 means "no stamp").
+ * Returns 0 past the tracked range.
+ */
+static __always_inline __u64 hybd_ver_stamp(__u64 blk)
+{
+	__u64 *v = hybd_ver_slot(blk);
+
+	return v ? *v + 1 : 0;
+}
+
+/* True if nothing changed the block since @stamp was taken. */
+static __always_inline bool hybd_ver_unchanged(__u64 blk, __u64 stamp)
+{
+	return stamp && hybd_ver_stamp(blk) == stamp;
+}
+
+#endif /* __HYBD_BPF_H */
