@@ -1,0 +1,256 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The control node /dev/hybd-control: add, delete, list and query devices.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include "hybd_internal.h"
+
+void hybd_config_init(struct hybd_config *cfg)
+{
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+
+	memset(cfg, 0, sizeof(*cfg));
+	cfg->logical_block_size = 4096;
+	cfg->physical_block_size = 4096;
+	cfg->max_io_bytes = HYBD_MAX_IO_BYTES;
+	cfg->nr_queues = cpus < 1 ? 1 :
+			 cpus > HYBD_MAX_QUEUES ? HYBD_MAX_QUEUES : cpus;
+	cfg->queue_depth = 64;
+	cfg->ops = HYBD_OPF_ALL;
+	cfg->flags = HYBD_DEV_F_WRITE_CACHE;
+	cfg->dev_id = -1;
+}
+
+/*
+ * Translate @cfg into the kernel's parameter block.  Only what the block
+ * cannot express is refused here; every limit is the kernel's to check.
+ */
+int hybd__config_to_params(const struct hybd_config *cfg,
+			   struct hybd_params *p)
+{
+	unsigned int i;
+
+	for (i = 0; i < sizeof(cfg->reserved) / sizeof(cfg->reserved[0]); i++) {
+		if (cfg->reserved[i])
+			return hybd__err(-EINVAL,
+					 "hybd_config.reserved must be zero (start from hybd_config_init())");
+	}
+	if (cfg->nr_queues > UINT16_MAX)
+		return hybd__err(-EINVAL,
+				 "number of queues %u: must be between 1 and %u",
+				 cfg->nr_queues, HYBD_MAX_QUEUES);
+	if (cfg->queue_depth > UINT16_MAX)
+		return hybd__err(-EINVAL,
+				 "queue depth %u: must be between 1 and %u",
+				 cfg->queue_depth, HYBD_MAX_QUEUE_DEPTH);
+	if (cfg->dev_id < -1)
+		return hybd__err(-EINVAL,
+				 "device id %d: must be -1 (any) or between 0 and %u",
+				 cfg->dev_id, HYBD_MAX_DEVICES - 1);
+	if (cfg->lib_flags & ~HYBD_CFG_NO_AFFINITY)
+		return hybd__err(-EINVAL, "library flags 0x%x: unknown bits",
+				 cfg->lib_flags);
+
+	memset(p, 0, sizeof(*p));
+	p->len = sizeof(*p);
+	p->types = HYBD_PARAM_BASIC;
+	p->basic.dev_size = cfg->size;
+	p->basic.logical_bs = cfg->logical_block_size;
+	p->basic.physical_bs = cfg->physical_block_size;
+	p->basic.max_io_bytes = cfg->max_io_bytes;
+	p->basic.nr_hw_queues = cfg->nr_queues;
+	p->basic.queue_depth = cfg->queue_depth;
+	p->basic.ops = cfg->ops;
+	p->basic.flags = cfg->flags;
+	p->basic.poll_ns = cfg->poll_ns;
+	if (cfg->max_discard_bytes || cfg->discard_granularity ||
+	    cfg->max_write_zeroes_bytes) {
+		p->types |= HYBD_PARAM_DISCARD;
+		p->discard.max_discard_bytes = cfg->max_discard_bytes;
+		p->discard.discard_granularity = cfg->discard_granularity;
+		p->discard.max_write_zeroes_bytes = cfg->max_write_zeroes_bytes;
+	}
+	return 0;
+}
+
+static int ctl_open_err(int err)
+{
+	switch (err) {
+	case -ENOENT:
+		return hybd__err(err, "hybd module not loaded (%s missing)",
+				 HYBD_CONTROL_PATH);
+	case -ENXIO:
+	case -ENODEV:
+		return hybd__err(err, "hybd module not loaded (%s has no driver)",
+				 HYBD_CONTROL_PATH);
+	case -EACCES:
+	case -EPERM:
+		return hybd__err(err, "cannot open %s: permission denied",
+				 HYBD_CONTROL_PATH);
+	default:
+		return hybd__err(err, "cannot open %s", HYBD_CONTROL_PATH);
+	}
+}
+
+/* Message for an ioctl that failed with @err; @id < 0: not about a device. */
+static int ctl_err(int err, const char *cmd, long id)
+{
+	switch (err) {
+	case -ENOTTY:
+		return hybd__err(err,
+				 "the loaded module does not know %s (ABI mismatch)",
+				 cmd);
+	case -EPERM:
+	case -EACCES:
+		return hybd__err(err, "%s: permission denied", cmd);
+	case -EINTR:
+		return hybd__err(err, "%s: interrupted", cmd);
+	}
+	if (id < 0)
+		return hybd__err(err, "%s failed", cmd);
+	switch (err) {
+	case -ENODEV:
+	case -ENOENT:
+	case -ENXIO:
+		return hybd__err(err, "no device hybd%ld", id);
+	case -EBUSY:
+		return hybd__err(err, "device hybd%ld is busy", id);
+	default:
+		return hybd__err(err, "%s for hybd%ld failed", cmd, id);
+	}
+}
+
+#define CTL_QUIET_OPEN	(1U << 0)	/* no message if the node can't open */
+#define CTL_QUIET_IOCTL	(1U << 1)	/* no message if the ioctl fails */
+
+static int ctl_open(unsigned int quiet)
+{
+	int fd = open(HYBD_CONTROL_PATH, O_RDWR | O_CLOEXEC);
+
+	if (fd < 0)
+		return quiet & CTL_QUIET_OPEN ? -errno : ctl_open_err(-errno);
+	return fd;
+}
+
+/*
+ * One ioctl on a freshly opened control node.  Returns the ioctl's value or
+ * -errno.  The query ioctls are restarted after a signal; ADD and DEL are
+ * not, they may have done part of their work.
+ */
+static int ctl_ioctl(unsigned long cmd, const char *name, long id, void *arg,
+		     unsigned int quiet)
+{
+	int fd, ret;
+
+	fd = ctl_open(quiet);
+	if (fd < 0)
+		return fd;
+	do {
+		ret = ioctl(fd, cmd, arg);
+		if (ret < 0)
+			ret = -errno;
+	} while (ret == -EINTR && cmd != HYBD_CTL_ADD && cmd != HYBD_CTL_DEL);
+	close(fd);
+	if (ret < 0 && !(quiet & CTL_QUIET_IOCTL))
+		ctl_err(ret, name, id);
+	return ret;
+}
+
+int hybd_ctl_features(struct hybd_ctl_features *f)
+{
+	int ret;
+
+	if (!f)
+		return hybd__err(-EINVAL, "hybd_ctl_features: no buffer");
+	memset(f, 0, sizeof(*f));
+	f->len = sizeof(*f);
+	ret = ctl_ioctl(HYBD_CTL_GET_FEATURES, "HYBD_CTL_GET_FEATURES", -1, f,
+			0);
+	return ret < 0 ? ret : 0;
+}
+
+int hybd_ctl_list(uint32_t *ids, uint32_t room)
+{
+	struct hybd_ctl_list l = {
+		.len = sizeof(l),
+		.count = ids ? room : 0,
+		.ids = (uintptr_t)ids,
+	};
+	int ret;
+
+	ret = ctl_ioctl(HYBD_CTL_LIST, "HYBD_CTL_LIST", -1, &l, 0);
+	if (ret < 0)
+		return ret;
+	if (l.count > INT32_MAX)
+		return hybd__err(-EOVERFLOW, "HYBD_CTL_LIST: absurd count %u",
+				 l.count);
+	return l.count;
+}
+
+int hybd_ctl_info(uint32_t id, struct hybd_dev_info *info)
+{
+	int ret;
+
+	if (!info)
+		return hybd__err(-EINVAL, "hybd_ctl_info: no buffer");
+	memset(info, 0, sizeof(*info));
+	info->len = sizeof(*info);
+	info->dev_id = id;
+	ret = ctl_ioctl(HYBD_CTL_INFO, "HYBD_CTL_INFO", id, info, 0);
+	return ret < 0 ? ret : 0;
+}
+
+/* HYBD_CTL_DEL that leaves the message alone (to undo a half-made device). */
+int hybd__ctl_del(uint32_t id)
+{
+	struct hybd_ctl_dev d = { .len = sizeof(d), .dev_id = id };
+	int ret;
+
+	ret = ctl_ioctl(HYBD_CTL_DEL, "HYBD_CTL_DEL", id, &d,
+			CTL_QUIET_OPEN | CTL_QUIET_IOCTL);
+	return ret < 0 ? ret : 0;
+}
+
+int hybd_ctl_del(uint32_t id)
+{
+	struct hybd_ctl_dev d = { .len = sizeof(d), .dev_id = id };
+	int ret;
+
+	ret = ctl_ioctl(HYBD_CTL_DEL, "HYBD_CTL_DEL", id, &d, 0);
+	return ret < 0 ? ret : 0;
+}
+
+int hybd_ctl_add(const struct hybd_config *cfg, uint32_t *id_out)
+{
+	struct hybd_ctl_add add;
+	char msg[256];
+	int fd, ret;
+
+	if (!cfg)
+		return hybd__err(-EINVAL, "hybd_ctl_add: no configuration");
+	memset(&add, 0, sizeof(add));
+	ret = hybd__config_to_params(cfg, &add.params);
+	if (ret)
+		return ret;
+	add.len = sizeof(add);
+	add.dev_id = cfg->dev_id < 0 ? HYBD_DEV_ID_ANY : (uint32_t)cfg->dev_id;
+
+	fd = ctl_open(0);
+	if (fd < 0)
+		return fd;
+	ret = ioctl(fd, HYBD_CTL_ADD, &add) < 0 ? -errno : 0;
+	close(fd);
+	if (ret) {
+		hybd__param_errmsg(msg, sizeof(msg), &add.params, cfg->dev_id,
+				   add.err_param, ret);
+		return hybd__err(ret, "%s", msg);
+	}
+	if (id_out)
+		*id_out = add.dev_id;
+	return 0;
+}

@@ -1,0 +1,291 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * libhybd - write the slow path of a hybd block driver in user space.
+ *
+ * A driver fills a struct hybd_config and a struct hybd_driver (one handler
+ * per operation), creates the device, starts it and waits:
+ *
+ *	hybd_config_init(&cfg);
+ *	cfg.size = 64 << 20;
+ *	hybd_dev_create(&cfg, &my_driver, my_state, &dev);
+ *	hybd_dev_start(dev);		// /dev/hybdN exists from here on
+ *	hybd_dev_wait(dev);		// until the device is deleted
+ *	hybd_dev_delete(dev);
+ *
+ * The library runs one worker thread per hardware queue.  Each worker calls
+ * the handlers for the requests of its queue, one at a time; handlers of
+ * different queues run concurrently.
+ *
+ * Errors: every function that can fail returns a negative errno value and
+ * never sets errno.  A human-readable explanation of the last failure in the
+ * calling thread is available from hybd_errmsg().
+ */
+#ifndef LIBHYBD_HYBD_H
+#define LIBHYBD_HYBD_H
+
+#include <stdint.h>
+
+#include "uapi/hybd.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define HYBD_LIB_VERSION_MAJOR	1
+#define HYBD_LIB_VERSION_MINOR	0
+
+/* A device served by this process (opaque). */
+struct hybd_dev;
+/* One request handed to a handler (opaque). */
+struct hybd_io;
+
+/* hybd_config.lib_flags */
+#define HYBD_CFG_NO_AFFINITY	(1U << 0)	/* do not pin workers to CPUs */
+
+/*
+ * Device parameters.  Always start from hybd_config_init(); the kernel checks
+ * every value against the limits in uapi/hybd.h and hybd_errmsg() names the
+ * one it refused.
+ */
+struct hybd_config {
+	uint64_t size;			/* bytes; no default, must be set */
+	uint32_t logical_block_size;	/* bytes */
+	uint32_t physical_block_size;	/* bytes; 0: same as logical */
+	uint32_t max_io_bytes;		/* largest request, per tag buffer */
+	uint32_t nr_queues;		/* hardware queues = worker threads */
+	uint32_t queue_depth;		/* requests in flight per queue */
+	uint32_t ops;			/* HYBD_OPF_* the device accepts */
+	uint32_t flags;			/* HYBD_DEV_F_* */
+	uint32_t poll_ns;		/* worker busy-poll before sleeping */
+	int32_t dev_id;			/* wanted N of /dev/hybdN; -1: any */
+	uint32_t lib_flags;		/* HYBD_CFG_* */
+	uint32_t max_discard_bytes;	/* 0: kernel default */
+	uint32_t discard_granularity;	/* 0: logical block size */
+	uint32_t max_write_zeroes_bytes; /* 0: kernel default */
+	uint32_t reserved[10];		/* zero (set by hybd_config_init) */
+};
+
+/*
+ * hybd_config_init - fill @cfg with the defaults.
+ *
+ * size 0 (the caller must set it), 4 KiB logical and physical blocks, one
+ * queue per online CPU (at most HYBD_MAX_QUEUES), depth 64, 1 MiB max I/O,
+ * every operation (read, write, flush, FUA, discard, write-zeroes), a
+ * volatile write cache, no busy-polling, any device id, workers pinned.
+ */
+void hybd_config_init(struct hybd_config *cfg);
+
+/*
+ * What a handler returns: 0 on success, a negative errno on failure (the
+ * request fails with an I/O error), or HYBD_IO_ASYNC when it keeps the
+ * request and completes it later with hybd_io_complete().  Any other value
+ * fails the request with -EIO.
+ */
+#define HYBD_IO_ASYNC	1
+
+/*
+ * The driver: one handler per operation.  A request for an operation whose
+ * handler is NULL fails with -EOPNOTSUPP; hybd_dev_create() refuses a
+ * config whose ops announce an operation without a handler (read needs
+ * .read, write and FUA need .write, flush needs .flush, ...).
+ *
+ * @buf is the request's data buffer in the shared ring (at most
+ * max_io_bytes); it stays valid until the request is completed.  Offsets and
+ * lengths are in bytes.  A write with HYBD_IO_F_FUA in hybd_io_flags() must
+ * be durable when it completes.  discard and write_zeroes carry no data and
+ * may be longer than max_io_bytes.
+ */
+struct hybd_driver {
+	int (*read)(struct hybd_io *io, void *buf, uint64_t offset,
+		    uint32_t len);
+	int (*write)(struct hybd_io *io, const void *buf, uint64_t offset,
+		     uint32_t len);
+	int (*flush)(struct hybd_io *io);
+	int (*discard)(struct hybd_io *io, uint64_t offset, uint32_t len);
+	int (*write_zeroes)(struct hybd_io *io, uint64_t offset, uint32_t len);
+};
+
+/*
+ * hybd_dev_create - add a device and prepare to serve it.
+ *
+ * Adds the device through /dev/hybd-control, opens its server node
+ * /dev/hybdN-srv and maps the rings of every queue.  No block device exists
+ * yet: call hybd_dev_start().  @drv is copied; @priv is returned by
+ * hybd_dev_priv() and hybd_io_priv().
+ *
+ * RETURN VALUE: 0 and *@devp set, or a negative errno (-ENOENT when the
+ * module is not loaded, -EINVAL for a parameter the kernel refused, ...).
+ */
+int hybd_dev_create(const struct hybd_config *cfg,
+		    const struct hybd_driver *drv, void *priv,
+		    struct hybd_dev **devp);
+
+/*
+ * hybd_dev_start - start the workers, then the block device.
+ *
+ * Spawns one worker thread per queue (pinned round-robin to the CPUs this
+ * process may run on, unless HYBD_CFG_NO_AFFINITY) with every signal
+ * blocked, then asks the kernel to add /dev/hybdN.  That blocks while the
+ * kernel scans the partition table, which the workers already serve.  A
+ * device is started once.
+ *
+ * RETURN VALUE: 0, or a negative errno (workers are stopped again).
+ */
+int hybd_dev_start(struct hybd_dev *dev);
+
+/*
+ * hybd_dev_stop - stop and join the workers.
+ *
+ * Requests that arrive afterwards wait until the device is deleted (then
+ * they fail).  Completions of requests a handler kept (HYBD_IO_ASYNC) are
+ * still accepted.  Use hybd_dev_delete() for an orderly shutdown.
+ *
+ * RETURN VALUE: 0, or -EINVAL if the device was never started.
+ */
+int hybd_dev_stop(struct hybd_dev *dev);
+
+/*
+ * hybd_dev_wait - wait until every worker has exited.
+ *
+ * Workers exit when the device is deleted (by hybd_ctl_del() from another
+ * thread, or `hybdctl del`), when hybd_dev_stop() is called, or on an
+ * unexpected error.  May run in another thread than the other hybd_dev_*
+ * calls, including hybd_dev_delete().
+ *
+ * RETURN VALUE: 0 if the workers exited because the device went away or
+ * was stopped, the negative errno that made a worker give up otherwise,
+ * -EINVAL if the device was never started.
+ */
+int hybd_dev_wait(struct hybd_dev *dev);
+
+/*
+ * hybd_dev_delete - delete the device and free @dev.
+ *
+ * While the workers run, this is graceful: the kernel removes /dev/hybdN,
+ * completing every outstanding request through the workers (asynchronous
+ * ones too), then the workers exit.  If that fails (-EBUSY, ...) nothing
+ * changed and @dev stays valid.
+ *
+ * If the device is not being served (never started, stopped, or workers
+ * exited), @dev is freed in every case: its rings are unmapped and the
+ * server node closed, which fails whatever is outstanding, and the return
+ * value says whether the kernel device could be deleted.  No handler may
+ * call hybd_io_complete() after that.
+ *
+ * RETURN VALUE: 0 (also when someone else deleted the device already), or a
+ * negative errno.
+ */
+int hybd_dev_delete(struct hybd_dev *dev);
+
+/* hybd_dev_id - N of /dev/hybdN.  RETURN VALUE: the id (>= 0). */
+int hybd_dev_id(const struct hybd_dev *dev);
+
+/* hybd_dev_path - RETURN VALUE: "/dev/hybdN", valid as long as @dev. */
+const char *hybd_dev_path(const struct hybd_dev *dev);
+
+/* hybd_dev_priv - RETURN VALUE: the @priv given to hybd_dev_create(). */
+void *hybd_dev_priv(const struct hybd_dev *dev);
+
+/*
+ * hybd_io_complete - complete a request a handler kept (HYBD_IO_ASYNC).
+ *
+ * @result is 0 or a negative errno.  Callable from any thread, once per
+ * request; a second call for the same request is ignored.  From a thread
+ * other than the queue's worker, the completion is handed to the kernel
+ * immediately (one system call).  @io must not be used afterwards.
+ */
+void hybd_io_complete(struct hybd_io *io, int result);
+
+/* Request accessors: valid from the handler call until completion. */
+/* RETURN VALUE: enum hybd_io_op (HYBD_OP_READ, ...). */
+enum hybd_io_op hybd_io_op(const struct hybd_io *io);
+/* RETURN VALUE: HYBD_IO_F_* (FUA, NOUNMAP, SYNC, META). */
+uint32_t hybd_io_flags(const struct hybd_io *io);
+/* RETURN VALUE: the hardware queue, 0..nr_queues-1. */
+unsigned int hybd_io_queue(const struct hybd_io *io);
+/* RETURN VALUE: the tag, 0..queue_depth-1, unique in the queue while open. */
+unsigned int hybd_io_tag(const struct hybd_io *io);
+/* RETURN VALUE: the device the request belongs to. */
+struct hybd_dev *hybd_io_dev(const struct hybd_io *io);
+/* RETURN VALUE: the device's @priv (see hybd_dev_create()). */
+void *hybd_io_priv(const struct hybd_io *io);
+
+/*
+ * Control node helpers (/dev/hybd-control), for tools and tests.  Each opens
+ * the control node for the duration of the call; -ENOENT means the module is
+ * not loaded.
+ */
+
+/* hybd_ctl_features - ABI version and HYBD_F_* bits.  RETURN VALUE: 0/-errno */
+int hybd_ctl_features(struct hybd_ctl_features *f);
+
+/*
+ * hybd_ctl_list - ids of the existing devices.
+ *
+ * Stores up to @room ids in @ids (which may be NULL if @room is 0).
+ * RETURN VALUE: the number of devices, which may exceed @room, or -errno.
+ */
+int hybd_ctl_list(uint32_t *ids, uint32_t room);
+
+/* hybd_ctl_info - state, parameters, counters.  RETURN VALUE: 0 or -errno. */
+int hybd_ctl_info(uint32_t id, struct hybd_dev_info *info);
+
+/*
+ * hybd_ctl_del - delete device @id.  A served device is drained through its
+ * server first; its workers then exit.  RETURN VALUE: 0 or -errno.
+ */
+int hybd_ctl_del(uint32_t id);
+
+/*
+ * hybd_ctl_add - add a device described by @cfg without serving it.  It
+ * stays in the "added" state until deleted; used to check parameters.
+ * RETURN VALUE: 0 and *@id_out set (if not NULL), or -errno.
+ */
+int hybd_ctl_add(const struct hybd_config *cfg, uint32_t *id_out);
+
+/*
+ * Parsing helpers for command lines.
+ */
+
+/*
+ * hybd_parse_dev - parse "/dev/hybd3", "hybd3" or "3".
+ * RETURN VALUE: 0 and *@id set, -EINVAL if malformed, -ERANGE if the id is
+ * not below HYBD_MAX_DEVICES.
+ */
+int hybd_parse_dev(const char *s, uint32_t *id);
+
+/*
+ * hybd_parse_size - parse a byte count: decimal digits with an optional
+ * binary suffix K, M, G or T (any case, optionally followed by "iB").
+ * RETURN VALUE: 0 and *@bytes set, -EINVAL if malformed, -ERANGE on
+ * overflow.
+ */
+int hybd_parse_size(const char *s, uint64_t *bytes);
+
+/*
+ * hybd_parse_ops - parse a comma-separated list of operation names (see
+ * hybd_opf_name(); "write_zeroes" is accepted too) into HYBD_OPF_* bits.
+ * An empty string gives 0.  RETURN VALUE: 0 and *@ops set, or -EINVAL.
+ */
+int hybd_parse_ops(const char *s, uint32_t *ops);
+
+/*
+ * hybd_opf_name - name of one HYBD_OPF_* bit: "read", "write", "flush",
+ * "fua", "discard" or "write-zeroes".  RETURN VALUE: the name, or NULL if
+ * @opf is not exactly one known bit.
+ */
+const char *hybd_opf_name(uint32_t opf);
+
+/*
+ * hybd_errmsg - what went wrong in the last failed hybd_* call of the
+ * calling thread, e.g. "logical block size 1000: must be a power of two
+ * between 512 and 4096".  Does not include strerror() of the errno.
+ * RETURN VALUE: a thread-local string, overwritten by the next failure.
+ */
+const char *hybd_errmsg(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LIBHYBD_HYBD_H */
