@@ -1,0 +1,160 @@
+#!/bin/bash
+# SPDX-License-Identifier: GPL-2.0
+#
+# run.sh RUNDIR - the guest half of tools/vm-run; runs as root in the guest.
+#
+# Reads RUNDIR/guest.conf (MODE, REPO, KMOD, ACCEL, ARGS), then:
+#   1. streams the kernel log to RUNDIR/kmsg.log (survives a guest crash),
+#   2. sets hung_task_timeout_secs=10, mounts configfs/debugfs,
+#   3. loads the module,
+#   4. runs the mode's command: pytest for `tests`,
+#   5. final checks: rmmod hybd must succeed, no kernel splat in the log,
+#   6. writes RUNDIR/status (and RUNDIR/summary: pytest's summary line).
+# Everything it prints is also kept in RUNDIR/guest.log.
+
+set -u
+
+RUNDIR=$1
+# shellcheck source=/dev/null
+. "$RUNDIR/guest.conf" || { echo "guest: cannot read $RUNDIR/guest.conf"; exit 1; }
+
+PY=/usr/bin/python3
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+export PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+export HYBD_KMOD=$KMOD HYBD_RESULTS=$RUNDIR
+# a bound on the command itself, well inside the host's bound on the guest
+CMD_TIMEOUT=${CMD_TIMEOUT:-2400}
+
+say() { printf 'guest: %s\n' "$*"; }
+final_fail() {
+	printf 'vm-run: FINAL CHECK FAILED: %s\n' "$*"
+	FINAL_FAILED=1
+}
+
+load_module() {
+	local dep i ver
+
+	ver=$(modinfo -F version "$KMOD" 2>/dev/null)
+	if [ ! -f "$KMOD" ]; then
+		say "FAILED: $KMOD does not exist (make kmod)"
+		return 1
+	fi
+	for dep in $(modinfo -F depends "$KMOD" 2>/dev/null | tr ',' ' '); do
+		modprobe "$dep" || say "warning: modprobe $dep failed"
+	done
+	if ! insmod "$KMOD"; then
+		say "FAILED: insmod $KMOD; kernel log tail:"
+		dmesg | tail -n 20
+		return 1
+	fi
+	for i in $(seq 50); do
+		[ -e /dev/hybd-control ] && break
+		sleep 0.1
+	done
+	if [ ! -e /dev/hybd-control ]; then
+		say "FAILED: /dev/hybd-control did not appear after insmod"
+		return 1
+	fi
+	say "loaded $KMOD${ver:+ version $ver}, srcversion $(cat /sys/module/hybd/srcversion 2>/dev/null)"
+}
+
+run_tests() {
+	# -p no:cacheprovider: the repository is read-only in the guest
+	timeout -k 10 "$CMD_TIMEOUT" "$PY" -m pytest tests/ -v --color=no \
+		-p no:cacheprovider --junitxml="$RUNDIR/junit.xml" "${ARGS[@]}" \
+		2>&1 | tee "$RUNDIR/pytest.log"
+	local rc=${PIPESTATUS[0]}
+	[ "$rc" -eq 124 ] && say "FAILED: pytest did not finish within ${CMD_TIMEOUT}s"
+	# pytest's last line: "==== 3 failed, 9 passed in 81.20s (0:01:21) ===="
+	grep -E '^=+ .* in [0-9.]+s( \([0-9:]+\))? =+$' "$RUNDIR/pytest.log" |
+		tail -n 1 >"$RUNDIR/summary"
+	return "$rc"
+}
+
+final_checks() {
+	local left out i
+
+	left=$(pgrep -a -f 'examples/ramdisk/ramdisk|tests/helpers/badserver' || true)
+	[ -z "$left" ] || say "warning: servers still running after the run:"$'\n'"$left"
+	if [ -x "$REPO/tools/hybdctl" ] && [ -e /dev/hybd-control ]; then
+		out=$(timeout 30 "$REPO/tools/hybdctl" list 2>&1)
+		[ -z "$out" ] || say "devices left after the run:"$'\n'"$out"
+	fi
+
+	if [ -d /sys/module/hybd ]; then
+		if ! out=$(timeout 120 rmmod hybd 2>&1); then
+			final_fail "rmmod hybd: ${out:-timed out}"
+		fi
+		for i in $(seq 50); do
+			[ -d /sys/module/hybd ] || break
+			sleep 0.1
+		done
+		[ -d /sys/module/hybd ] && final_fail "hybd is still loaded after rmmod"
+	else
+		final_fail "hybd is not loaded at the end of the run (a test must leave it loaded)"
+	fi
+
+	sleep 1		# let the log stream catch up
+	dmesg >"$RUNDIR/dmesg.txt" 2>&1
+	# lines a test declared it causes (kmsg_allow) are not counted again
+	if ! out=$("$PY" "$REPO/tests/klog.py" "$RUNDIR/dmesg.txt" "$RUNDIR/kmsg-allowed.txt"); then
+		final_fail "kernel log of this boot has bad lines:"
+		printf '%s\n' "$out" | head -n 60
+	fi
+}
+
+main() {
+	local rc=0
+
+	FINAL_FAILED=0
+	say "$(uname -r), $(nproc) vCPUs, $(awk '/MemTotal/ { print int($2 / 1024) }' /proc/meminfo) MiB, $ACCEL, up $(cut -d' ' -f1 /proc/uptime)s"
+
+	dmesg --follow >"$RUNDIR/kmsg.log" 2>&1 &
+	KMSG_PID=$!
+
+	sysctl -q -w kernel.hung_task_timeout_secs=10 kernel.hung_task_warnings=-1 ||
+		say "warning: cannot set hung task sysctls"
+	# debugfs: blk-mq's per-hctx counters; configfs, should the module use it
+	mountpoint -q /sys/kernel/debug || mount -t debugfs debugfs /sys/kernel/debug
+	modprobe -q configfs 2>/dev/null
+	if [ -d /sys/kernel/config ] && ! mountpoint -q /sys/kernel/config; then
+		mount -t configfs configfs /sys/kernel/config
+	fi
+
+	cd "$REPO" || { echo 1 >"$RUNDIR/status"; return 1; }
+
+	if ! load_module; then
+		rc=1
+	else
+		case $MODE in
+		tests)
+			run_tests
+			rc=$?
+			;;
+		bench)
+			timeout -k 10 "$CMD_TIMEOUT" "$PY" tools/bench.py "${ARGS[@]}"
+			rc=$?
+			;;
+		demo)
+			timeout -k 10 "$CMD_TIMEOUT" /bin/bash tools/demo.sh "${ARGS[@]}"
+			rc=$?
+			;;
+		*)
+			say "unknown mode $MODE"
+			rc=2
+			;;
+		esac
+		final_checks
+		if [ $FINAL_FAILED -ne 0 ] && [ $rc -eq 0 ]; then
+			rc=1
+		fi
+	fi
+
+	kill "$KMSG_PID" 2>/dev/null
+	wait "$KMSG_PID" 2>/dev/null
+	echo "$rc" >"$RUNDIR/status"
+	return $rc
+}
+
+main 2>&1 | tee "$RUNDIR/guest.log"
+exit "${PIPESTATUS[0]}"
