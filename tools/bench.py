@@ -1,0 +1,878 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: GPL-2.0
+"""bench.py - hybd's latency comparison, in one boot (make bench).
+
+Runs fio 4 KiB random reads (O_DIRECT) over the same small region of several
+block devices, side by side in one guest boot, and reports medians and
+ratios:
+
+  nullblk      null_blk, memory-backed: the in-kernel limit
+  nbd          nbd + nbdkit (memory plugin, Unix socket): the classic
+               user-space route
+  noprog       hybd ramdisk, no fast-path program: the slow path
+  passthrough  hybd ramdisk + passthrough.bpf.o: what the hook costs
+  cache        hybd ramdisk + cache.bpf.o, warm: 100% fast-path hits
+  zero         hybd ramdisk + zero.bpf.o, warm, never-written blocks
+  poll         hybd ramdisk, no program, --poll-ns 50000 (bounded polling)
+
+Each line is measured at QD1 (psync: mean, p50, p99, p99.9 completion
+latency) and QD32 (io_uring: IOPS), --samples times, the lines interleaved
+round-robin so that drift hits all of them alike.  Every device exists for
+the whole run (one ramdisk per hybd line, each with its own program).
+
+Results: a table on stdout, every sample in RESULTS/bench.json, a chart of
+QD1 p50/p99 in RESULTS/bench.png (needs python3-matplotlib).  RESULTS is
+$HYBD_RESULTS (tools/vm-run sets it), else --results, else results/.
+
+Run as root: tools/vm-run bench [ARGS], or directly on a >= 6.12 host.
+Exit status: 0 when every selected line was measured (whether the targets
+are met or not: this reports numbers, it does not judge the build), 1 when a
+line failed, 2 on a usage error.
+"""
+
+import argparse
+import json
+import mmap
+import os
+import platform
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+HYBDCTL = REPO / "tools" / "hybdctl"
+RAMDISK = REPO / "examples" / "ramdisk" / "ramdisk"
+BPF_DIR = REPO / "bpf"
+CONTROL = "/dev/hybd-control"
+KMOD = Path(os.environ.get("HYBD_KMOD", REPO / "kmod" / "hybd.ko"))
+
+BS = 4096
+QD32 = 32
+NULLB_DEV = "/dev/nullb0"
+NBD_DEV = "/dev/nbd0"
+
+# key -> (label, hybd ramdisk setup or None)
+#   prog: bpf/<prog>.bpf.o attached; data: region written before measuring;
+#   poll_ns: the ramdisk's --poll-ns; fast: reads are expected on the fast path
+LINES = {
+    "nullblk": ("null_blk (memory)", None),
+    "nbd": ("nbd + nbdkit", None),
+    "noprog": ("hybd, no program",
+               dict(prog=None, data=True, poll_ns=0, fast=False)),
+    "passthrough": ("hybd + passthrough",
+                    dict(prog="passthrough", data=True, poll_ns=0, fast=False)),
+    "cache": ("hybd + cache (hits)",
+              dict(prog="cache", data=True, poll_ns=0, fast=True)),
+    "zero": ("hybd + zero (hits)",
+             dict(prog="zero", data=False, poll_ns=0, fast=True)),
+    "poll": ("hybd, poll 50 us",
+             dict(prog=None, data=True, poll_ns=50000, fast=False)),
+}
+MODES = ("qd1", "qd32")
+
+# (what, line, reference, metric, limit): line/reference of the metric's
+# median must be <= limit (metric qd1_iops: >= limit)
+TARGETS = (
+    ("fast-path hit QD1 mean within 1.25x of null_blk",
+     "cache", "nullblk", "mean_us", 1.25),
+    ("zero-block hit QD1 mean within 1.25x of null_blk",
+     "zero", "nullblk", "mean_us", 1.25),
+    ("fast path >= 2x the QD1 IOPS of no program",
+     "cache", "noprog", "qd1_iops", 2.0),
+    ("passthrough <= 5% more QD1 latency than no program",
+     "passthrough", "noprog", "mean_us", 1.05),
+    ("slow path QD1 mean <= half of nbd + nbdkit",
+     "noprog", "nbd", "mean_us", 0.5),
+)
+
+
+class BenchError(Exception):
+    """A step failed; the message says which and why."""
+
+
+class Stop(BaseException):
+    """SIGTERM (e.g. the guest runner's timeout): clean up and exit."""
+
+
+def say(msg):
+    print(f"bench: {msg}", flush=True)
+
+
+def parse_size(text):
+    m = re.fullmatch(r"(\d+)([KMG]?)", text.strip().upper())
+    if not m:
+        raise argparse.ArgumentTypeError(f"bad size '{text}' (e.g. 16M)")
+    return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2)]
+
+
+def parse_lines(text):
+    keys = [k for k in text.split(",") if k]
+    bad = [k for k in keys if k not in LINES]
+    if bad or not keys:
+        raise argparse.ArgumentTypeError(
+            f"unknown line(s) {','.join(bad) or '(none)'}; "
+            f"choose from {','.join(LINES)}")
+    return keys
+
+
+def run(cmd, timeout=60, check=True):
+    """Run cmd (a list); returns the CompletedProcess (text output)."""
+    cmd = [str(c) for c in cmd]
+    try:
+        res = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True,
+                             text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise BenchError(f"{' '.join(cmd)}: no answer after {timeout}s") from None
+    except OSError as e:
+        raise BenchError(f"{cmd[0]}: {e.strerror}") from None
+    if check and res.returncode != 0:
+        why = (res.stderr.strip() or res.stdout.strip()).splitlines()
+        raise BenchError(f"{' '.join(cmd)}: exit {res.returncode}"
+                         f"{': ' + why[-1] if why else ''}")
+    return res
+
+
+def wait_until(pred, timeout, what, interval=0.05):
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise BenchError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+# ------------------------------------------------------------ direct I/O ---
+
+def _direct_fd(dev, flags):
+    try:
+        return os.open(dev, flags | os.O_DIRECT)
+    except OSError as e:
+        raise BenchError(f"open {dev}: {e.strerror}") from None
+
+
+def fill_region(dev, size, chunk=1 << 20):
+    """Write non-zero data over [0, size) with O_DIRECT, so that reads copy
+    real data (and no 4 KiB block of it is all zeros)."""
+    buf = mmap.mmap(-1, chunk)
+    seed = os.urandom(BS)
+    for off in range(0, chunk, BS):
+        # every block different and none all zeros
+        buf[off:off + BS] = seed
+        buf[off:off + 8] = (off // BS + 1).to_bytes(8, "little")
+    fd = _direct_fd(dev, os.O_WRONLY)
+    try:
+        for off in range(0, size, chunk):
+            n = min(chunk, size - off)
+            if os.pwritev(fd, [memoryview(buf)[:n]], off) != n:
+                raise BenchError(f"short write on {dev} at {off}")
+        os.fsync(fd)
+    except OSError as e:
+        raise BenchError(f"write {dev}: {e.strerror}") from None
+    finally:
+        os.close(fd)
+        buf.close()
+
+
+def read_pass(dev, size):
+    """Read [0, size) sequentially in 4 KiB O_DIRECT reads (cache warm-up)."""
+    buf = mmap.mmap(-1, BS)
+    fd = _direct_fd(dev, os.O_RDONLY)
+    try:
+        for off in range(0, size, BS):
+            if os.preadv(fd, [buf], off) != BS:
+                raise BenchError(f"short read on {dev} at {off}")
+    except OSError as e:
+        raise BenchError(f"read {dev}: {e.strerror}") from None
+    finally:
+        os.close(fd)
+        buf.close()
+
+
+# ---------------------------------------------------------------- hybdctl ---
+
+def hybdctl(*args, timeout=60):
+    return run([HYBDCTL, *args], timeout=timeout)
+
+
+def find_key(obj, key):
+    """The value of key nearest the top of a JSON document (so device totals
+    win over per-queue entries), or None."""
+    level = [obj]
+    while level:
+        nxt = []
+        for o in level:
+            if isinstance(o, dict):
+                if key in o and isinstance(o[key], (int, float)):
+                    return o[key]
+                nxt.extend(o.values())
+            elif isinstance(o, list):
+                nxt.extend(o)
+        level = nxt
+    return None
+
+
+# `hybdctl stats`; `info` carries the counters too, for a hybdctl that
+# has no `stats` command (exit 2, usage error)
+STATS_CMD = ["stats", "info"]
+
+
+def hybd_stats(dev):
+    """`hybdctl stats DEV --json`, parsed."""
+    res = run([HYBDCTL, STATS_CMD[0], dev, "--json"], timeout=30, check=False)
+    if res.returncode == 2 and len(STATS_CMD) > 1:
+        print(f"bench: hybdctl has no '{STATS_CMD.pop(0)}': using "
+              f"'hybdctl {STATS_CMD[0]}' for the counters", file=sys.stderr)
+        return hybd_stats(dev)
+    if res.returncode != 0:
+        raise BenchError(f"hybdctl {STATS_CMD[0]} {dev} --json: exit "
+                         f"{res.returncode}: {res.stderr.strip()}")
+    try:
+        return json.loads(res.stdout)
+    except ValueError:
+        raise BenchError(f"hybdctl {STATS_CMD[0]} {dev} --json: not JSON: "
+                         f"{res.stdout[:200]!r}") from None
+
+
+def fast_slow(stats):
+    fast, slow = find_key(stats, "fast_done"), find_key(stats, "slow_done")
+    if fast is None or slow is None:
+        raise BenchError("hybdctl stats --json has no fast_done/slow_done")
+    return int(fast), int(slow)
+
+
+def fast_share(before, after):
+    """(fast, slow, fast share) completed between two stats snapshots."""
+    f0, s0 = fast_slow(before)
+    f1, s1 = fast_slow(after)
+    fast, slow = f1 - f0, s1 - s0
+    return fast, slow, (fast / (fast + slow) if fast + slow else None)
+
+
+# ---------------------------------------------------------------- servers ---
+
+class Ramdisk:
+    """examples/ramdisk serving one /dev/hybdN until stop()."""
+
+    def __init__(self, args):
+        self.cmd = [str(RAMDISK), *args]
+        self.out = []
+        self.dev = None
+        self._ready = threading.Event()
+        self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+        self._pump = threading.Thread(target=self._read, daemon=True)
+        self._pump.start()
+
+    def wait_ready(self, ready_timeout=60):
+        deadline = time.monotonic() + ready_timeout
+        while not self._ready.wait(0.1):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self._pump.join(timeout=1)
+                break
+        if self.dev is None:
+            why = (f"exited with {self.proc.returncode}"
+                   if self.proc.poll() is not None
+                   else f"not ready after {ready_timeout}s")
+            raise BenchError(f"{' '.join(self.cmd)}: {why}: {self.tail()}")
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.out.append(line.rstrip("\n"))
+            m = re.match(r"ready (/dev/hybd\d+)\s*$", line)
+            if m and self.dev is None:
+                self.dev = m.group(1)
+                self._ready.set()
+
+    def tail(self, n=5):
+        return " | ".join(self.out[-n:]) or "(no output)"
+
+    def stop(self):
+        """SIGTERM: the ramdisk deletes its device and exits 0."""
+        name = self.dev or "(not ready)"
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+                raise BenchError(f"ramdisk {name} ignored SIGTERM (killed)")
+        self._pump.join(timeout=5)
+        if self.proc.returncode != 0:
+            raise BenchError(f"ramdisk {name} exited with "
+                             f"{self.proc.returncode}: {self.tail()}")
+
+
+class Cleanup:
+    """Undo steps, run last-in first-out; each failure is reported, none
+    stops the others."""
+
+    def __init__(self):
+        self.steps = []
+        self.failed = False
+
+    def push(self, what, fn, *args):
+        self.steps.append((what, fn, args))
+
+    def run(self):
+        while self.steps:
+            what, fn, args = self.steps.pop()
+            try:
+                fn(*args)
+            except (BenchError, OSError, subprocess.SubprocessError) as e:
+                self.failed = True
+                say(f"cleanup: {what}: {e}")
+
+
+# ----------------------------------------------------------- line setup ---
+
+class Line:
+    def __init__(self, key):
+        self.key = key
+        self.label, self.hybd = LINES[key]
+        self.dev = None
+        self.info = {}          # how it was set up, for bench.json
+        self.runs = {m: [] for m in MODES}
+        self.error = None       # why it could not be set up
+
+
+def module_loaded(name):
+    return Path(f"/sys/module/{name}").exists()
+
+
+def setup_nullblk(line, ctx):
+    if module_loaded("null_blk"):
+        raise BenchError("null_blk is already loaded (with unknown "
+                         "parameters): rmmod null_blk first")
+    params = ["nr_devices=1", "memory_backed=1", "gb=1", f"bs={BS}",
+              "queue_mode=2", "irqmode=0", "submit_queues=2"]
+    run(["modprobe", "null_blk", *params])
+    ctx.cleanup.push("rmmod null_blk", run, ["modprobe", "-r", "null_blk"])
+    wait_until(lambda: os.path.exists(NULLB_DEV), 10, NULLB_DEV)
+    fill_region(NULLB_DEV, ctx.args.region)
+    line.dev = NULLB_DEV
+    line.info = {"modprobe": "null_blk " + " ".join(params)}
+
+
+def nbd_connected():
+    try:
+        return int(Path("/sys/block/nbd0/size").read_text()) > 0
+    except (OSError, ValueError):
+        return False
+
+
+def setup_nbd(line, ctx):
+    for tool in ("nbdkit", "nbd-client"):
+        if not shutil.which(tool):
+            raise BenchError(f"{tool} is not installed (make deps)")
+    sock = os.path.join(ctx.tmp, "nbdkit.sock")
+    # a Unix socket only: never a network address
+    cmd = ["nbdkit", "--unix", sock, "--foreground", "--exit-with-parent",
+           "memory", "256M"]
+    log = os.path.join(ctx.tmp, "nbdkit.log")
+    with open(log, "w") as f:
+        server = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f,
+                                  stderr=subprocess.STDOUT)
+
+    def stop_nbdkit():
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(timeout=30)
+
+    ctx.cleanup.push("stop nbdkit", stop_nbdkit)
+    try:
+        wait_until(lambda: os.path.exists(sock) or server.poll() is not None,
+                   30, "nbdkit's socket")
+    except BenchError:
+        raise BenchError("nbdkit did not create its socket in 30s") from None
+    if server.poll() is not None:
+        raise BenchError(f"nbdkit exited with {server.returncode}: "
+                         f"{read_text(log)}")
+    if not module_loaded("nbd"):
+        run(["modprobe", "nbd"])
+        ctx.cleanup.push("rmmod nbd", run, ["modprobe", "-r", "nbd"])
+    wait_until(lambda: os.path.exists(NBD_DEV), 10, NBD_DEV)
+    client = ["nbd-client", "-unix", sock, NBD_DEV, "-b", str(BS)]
+    run(client)
+    ctx.cleanup.push("nbd-client -d", run, ["nbd-client", "-d", NBD_DEV])
+    wait_until(nbd_connected, 30, f"{NBD_DEV} to connect")
+    fill_region(NBD_DEV, ctx.args.region)
+    line.dev = NBD_DEV
+    line.info = {"server": " ".join(cmd), "client": " ".join(client)}
+
+
+def ensure_hybd(ctx):
+    """Load kmod/hybd.ko unless it is loaded, check our binaries."""
+    if not os.path.exists(CONTROL):
+        if not KMOD.is_file():
+            raise BenchError(f"{CONTROL} missing and {KMOD} not built "
+                             "(make kmod)")
+        say(f"{CONTROL} missing: insmod {KMOD}")
+        run(["insmod", KMOD])
+        ctx.cleanup.push("rmmod hybd", run, ["rmmod", "hybd"])
+        wait_until(lambda: os.path.exists(CONTROL), 10, CONTROL)
+    for path, what in ((HYBDCTL, "tools/hybdctl"),
+                       (RAMDISK, "examples/ramdisk/ramdisk")):
+        if not os.access(path, os.X_OK):
+            raise BenchError(f"{path} is not built ({what}): run make")
+
+
+def setup_hybd(line, ctx):
+    spec = line.hybd
+    args = ["--size", str(ctx.args.ramdisk_size),
+            # 4 KiB requests only: small per-tag buffers keep ring memory low
+            # with one ramdisk per line
+            "--max-io", "128K"]
+    if spec["poll_ns"]:
+        args += ["--poll-ns", str(spec["poll_ns"])]
+    server = Ramdisk(args)
+    ctx.cleanup.push("stop the ramdisk", server.stop)
+    server.wait_ready()
+    line.dev = server.dev
+    line.info = {"server": " ".join(server.cmd), "program": spec["prog"]}
+    if spec["data"]:
+        fill_region(line.dev, ctx.args.region)
+    if spec["prog"]:
+        obj = BPF_DIR / f"{spec['prog']}.bpf.o"
+        if not obj.is_file():
+            raise BenchError(f"{obj} is not built (make -C bpf)")
+        hybdctl("attach", obj, line.dev)
+        ctx.cleanup.push(f"detach {line.dev}", hybdctl, "detach", line.dev)
+    if spec["fast"]:
+        # the first pass fills the program's maps, the second shows they hit
+        read_pass(line.dev, ctx.args.region)
+        before = hybd_stats(line.dev)
+        read_pass(line.dev, ctx.args.region)
+        fast, slow, share = fast_share(before, hybd_stats(line.dev))
+        line.info["warm"] = {"fast": fast, "slow": slow, "fast_share": share}
+        say(f"{line.key}: warm pass over {ctx.args.region >> 20} MiB: "
+            f"{fast} fast, {slow} slow")
+        if not share or share < 0.99:
+            say(f"WARNING: {line.key}: only {fmt_pct(share)} of the warm "
+                "reads were served by the fast path")
+
+
+SETUP = {"nullblk": setup_nullblk, "nbd": setup_nbd}
+
+
+# -------------------------------------------------------------------- fio ---
+
+def fio_cmd(dev, mode, args):
+    cmd = ["fio", "--output-format=json", "--name=" + mode,
+           "--filename=" + dev, "--rw=randread", f"--bs={BS}", "--direct=1",
+           "--size=" + str(args.region), "--offset=0", "--time_based",
+           f"--runtime={args.runtime}", "--norandommap", "--randrepeat=0",
+           "--invalidate=0", "--percentile_list=50:99:99.9"]
+    if mode == "qd1":
+        cmd += ["--ioengine=psync", "--iodepth=1"]
+    else:
+        cmd += ["--ioengine=" + args.qd32_engine, f"--iodepth={QD32}"]
+    return cmd
+
+
+def parse_fio(text):
+    """fio's JSON output -> the numbers we keep (latencies in us)."""
+    start = text.find("{")          # fio may print warnings first
+    try:
+        job = json.loads(text[start:])["jobs"][0]
+    except (ValueError, KeyError, IndexError):
+        raise BenchError(f"fio printed no JSON result: {text[:300]!r}") from None
+    if job.get("error"):
+        raise BenchError(f"fio job error {job['error']}")
+    rd = job["read"]
+    if not rd.get("total_ios"):
+        raise BenchError("fio completed no reads")
+    clat, pct = rd["clat_ns"], rd["clat_ns"].get("percentile", {})
+
+    def p(q):
+        v = pct.get(f"{q:.6f}")
+        return v / 1e3 if v is not None else None
+
+    return {"mean_us": clat["mean"] / 1e3, "p50_us": p(50), "p99_us": p(99),
+            "p999_us": p(99.9), "max_us": clat["max"] / 1e3,
+            "iops": rd["iops"], "ios": rd["total_ios"],
+            "runtime_ms": rd["runtime"]}
+
+
+def fio_run(line, mode, args):
+    cmd = fio_cmd(line.dev, mode, args)
+    before = hybd_stats(line.dev) if line.hybd else None
+    t0 = time.monotonic()
+    res = run(cmd, timeout=args.runtime * 10 + 120, check=False)
+    wall = time.monotonic() - t0
+    if res.returncode != 0:
+        why = (res.stderr.strip() or res.stdout.strip()).splitlines()
+        raise BenchError(f"fio exit {res.returncode}: "
+                         f"{why[-1] if why else '(no output)'}")
+    out = parse_fio(res.stdout)
+    out["wall_s"] = round(wall, 2)
+    if line.hybd:
+        out["fast"], out["slow"], out["fast_share"] = fast_share(
+            before, hybd_stats(line.dev))
+    return out
+
+
+# ----------------------------------------------------------- the summary ---
+
+def fmt_pct(x):
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def median_of(runs, key):
+    vals = [r[key] for r in runs if r.get(key) is not None]
+    return statistics.median(vals) if vals else None
+
+
+def summarize(line):
+    q1, q32 = line.runs["qd1"], line.runs["qd32"]
+    s = {k: median_of(q1, k) for k in ("mean_us", "p50_us", "p99_us",
+                                       "p999_us")}
+    s["qd1_iops"] = 1e6 / s["mean_us"] if s["mean_us"] else None
+    s["qd32_iops"] = median_of(q32, "iops")
+    s["samples"] = [sum("error" not in r for r in runs) for runs in (q1, q32)]
+    if line.hybd:
+        s["fast_share"] = median_of(q1 + q32, "fast_share")
+    return s
+
+
+def ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def paired_range(lines, key, ref, metric):
+    """min, max of the per-round ratio line/ref of one metric (QD1)."""
+    ok = [r for r in lines[ref].runs["qd1"] if "error" not in r]
+    rounds = {r["round"]: r for r in ok}
+    vals = []
+    for r in lines[key].runs["qd1"]:
+        other = rounds.get(r["round"])
+        if other and "error" not in r:
+            if metric == "qd1_iops":
+                vals.append(other["mean_us"] / r["mean_us"])
+            else:
+                vals.append(r[metric] / other[metric])
+    return (min(vals), max(vals)) if vals else None
+
+
+def evaluate_targets(lines, summary):
+    out = []
+    for what, key, ref, metric, limit in TARGETS:
+        t = {"target": what, "line": key, "reference": ref, "metric": metric,
+             "limit": limit}
+        if key not in summary or ref not in summary:
+            t["verdict"] = "not run"
+        else:
+            r = ratio(summary[key][metric], summary[ref][metric])
+            t["ratio"] = r
+            if r is None:
+                t["verdict"] = "not run"
+            else:
+                met = r >= limit if metric == "qd1_iops" else r <= limit
+                t["verdict"] = "met" if met else "not met"
+                t["round_range"] = paired_range(lines, key, ref, metric)
+        out.append(t)
+    return out
+
+
+def num(x, width, digits=1):
+    return f"{'-':>{width}}" if x is None else f"{x:{width}.{digits}f}"
+
+
+def rat(x, width=7):
+    return f"{'-':>{width}}" if x is None else f"{x:{width - 1}.2f}x"
+
+
+def print_table(lines, summary, targets, args):
+    null = summary.get("nullblk")
+    base = summary.get("noprog")
+    print()
+    print(f"4 KiB random reads over the first {args.region >> 20} MiB, "
+          f"O_DIRECT; QD1: psync, QD32: {args.qd32_engine}; medians of "
+          f"{args.samples} interleaved samples of {args.runtime}s")
+    print(f"{'line':<20} {'QD1 mean':>8} {'p50':>7} {'p99':>7} {'p99.9':>7}"
+          f" {'/null':>7} {'/noprog':>7} | {'QD32 IOPS':>9} {'/null':>7}"
+          f" {'/noprog':>7} | {'fast':>6}")
+    print(f"{'':<20} {'us':>8} {'us':>7} {'us':>7} {'us':>7}"
+          f" {'mean':>7} {'mean':>7} | {'':>9} {'IOPS':>7} {'IOPS':>7} |")
+    for key, line in lines.items():
+        s = summary.get(key)
+        if s is None:
+            print(f"{line.label:<20} not measured: {line.error}")
+            continue
+        fast = fmt_pct(s["fast_share"]) if line.hybd else ""
+        print(f"{line.label:<20} {num(s['mean_us'], 8)} {num(s['p50_us'], 7)}"
+              f" {num(s['p99_us'], 7)} {num(s['p999_us'], 7)}"
+              f" {rat(ratio(s['mean_us'], null and null['mean_us']))}"
+              f" {rat(ratio(s['mean_us'], base and base['mean_us']))}"
+              f" | {num(s['qd32_iops'], 9, 0)}"
+              f" {rat(ratio(s['qd32_iops'], null and null['qd32_iops']))}"
+              f" {rat(ratio(s['qd32_iops'], base and base['qd32_iops']))}"
+              f" | {fast:>6}")
+    print("(/null, /noprog: this line's median over the reference's; "
+          "for latency lower is better, for IOPS higher)")
+    print()
+    print("targets:")
+    for t in targets:
+        if t["verdict"] == "not run":
+            print(f"  {t['target']:<52} not run")
+            continue
+        cmp = ">=" if t["metric"] == "qd1_iops" else "<="
+        rr = t.get("round_range")
+        spread = f", rounds {rr[0]:.2f}-{rr[1]:.2f}x" if rr else ""
+        print(f"  {t['target']:<52} {t['ratio']:.2f}x {cmp} {t['limit']}x"
+              f"{spread}: {t['verdict'].upper()}")
+    print("  (QD1 IOPS = 1e6 / mean us.  Under TCG, differences below ~25% "
+          "are noise: read\n   the per-round range before trusting a "
+          "verdict near its limit.)")
+    print()
+
+
+def plot(path, lines, summary, title):
+    """A bar chart of QD1 p50 and p99 per line, log scale."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        say("python3-matplotlib is not installed: no chart "
+            "(the numbers are in bench.json)")
+        return False
+    keys = [k for k in lines if k in summary and summary[k]["p50_us"]]
+    if not keys:
+        return False
+    x = range(len(keys))
+    w = 0.38
+    fig, ax = plt.subplots(figsize=(1.6 * len(keys) + 2, 4.8))
+    for off, metric, name in ((-w / 2, "p50_us", "p50"),
+                              (w / 2, "p99_us", "p99")):
+        vals = [summary[k][metric] or 0 for k in keys]
+        bars = ax.bar([i + off for i in x], vals, w, label=name)
+        ax.bar_label(bars, labels=[f"{v:.0f}" for v in vals], fontsize=7)
+    ax.set_yscale("log")
+    ax.set_ylabel("QD1 completion latency (us, log scale)")
+    ax.set_xticks(list(x))
+    ax.set_xticklabels([lines[k].label for k in keys], rotation=20,
+                       ha="right", fontsize=8)
+    ax.set_title(title, fontsize=9)
+    ax.legend()
+    ax.grid(axis="y", which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+# ------------------------------------------------------------------- main ---
+
+def guest_accel(results):
+    """TCG or KVM, from the guest.conf tools/vm-run leaves next to us."""
+    try:
+        text = (Path(results) / "guest.conf").read_text()
+    except OSError:
+        return None
+    m = re.search(r"^ACCEL='?(\w+)'?$", text, re.M)
+    return m.group(1) if m else None
+
+
+def meta(args):
+    fio = run(["fio", "--version"], check=False).stdout.strip()
+    cpu = None
+    try:
+        for ln in Path("/proc/cpuinfo").read_text().splitlines():
+            if ln.startswith("model name"):
+                cpu = ln.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = None
+    try:
+        mem = int(Path("/proc/meminfo").read_text().split()[1]) >> 10
+    except (OSError, ValueError, IndexError):
+        pass
+    return {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "kernel": platform.release(), "cpus": os.cpu_count(),
+            "cpu_model": cpu, "mem_mib": mem,
+            "accel": guest_accel(args.results), "fio": fio,
+            "hybd_srcversion": read_text("/sys/module/hybd/srcversion"),
+            "argv": sys.argv[1:]}
+
+
+def read_text(path):
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return None
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(
+        description="hybd latency comparison (see the module docstring)",
+        epilog="lines: " + ", ".join(LINES))
+    ap.add_argument("--samples", type=int, default=4,
+                    help="fio runs per line and queue depth (default 4)")
+    ap.add_argument("--runtime", type=int, default=3,
+                    help="seconds per fio run (default 3)")
+    ap.add_argument("--only", type=parse_lines, default=list(LINES),
+                    help="comma-separated lines to run (default: all)")
+    ap.add_argument("--skip", type=parse_lines, default=[],
+                    help="comma-separated lines to leave out")
+    ap.add_argument("--region", type=parse_size, default=16 << 20,
+                    help="bytes at the start of each device that fio reads "
+                         "(default 16M; the cache holds 32M)")
+    ap.add_argument("--ramdisk-size", type=parse_size, default=32 << 20,
+                    help="size of each hybd ramdisk (default 32M)")
+    ap.add_argument("--results", default=os.environ.get(
+                    "HYBD_RESULTS", str(REPO / "results")),
+                    help="directory for bench.json and bench.png "
+                         "(default $HYBD_RESULTS, else results/)")
+    args = ap.parse_args()
+    if args.samples < 1 or args.runtime < 1:
+        ap.error("--samples and --runtime must be >= 1")
+    if args.region % BS or args.region <= 0:
+        ap.error("--region must be a positive multiple of 4K")
+    if args.ramdisk_size < args.region:
+        ap.error("--ramdisk-size must hold --region")
+    args.lines = [k for k in args.only if k not in args.skip]
+    if not args.lines:
+        ap.error("no line left to run")
+    # io_uring may be disabled by sysctl; libaio is the nearest stand-in
+    args.qd32_engine = "io_uring"
+    if read_text("/proc/sys/kernel/io_uring_disabled") not in (None, "0"):
+        args.qd32_engine = "libaio"
+    return args
+
+
+class Context:
+    def __init__(self, args, tmp):
+        self.args = args
+        self.tmp = tmp
+        self.cleanup = Cleanup()
+
+
+def measure(lines, args):
+    """Every line, every mode, args.samples rounds, round-robin."""
+    live = [ln for ln in lines.values() if ln.dev]
+    total = args.samples * len(MODES) * len(live)
+    n = 0
+    for rnd in range(args.samples):
+        for mode in MODES:
+            for line in live:
+                n += 1
+                try:
+                    r = fio_run(line, mode, args)
+                except BenchError as e:
+                    say(f"[{n:3}/{total}] round {rnd + 1} {mode:4} "
+                        f"{line.key:<11} FAILED: {e}")
+                    line.runs[mode].append({"round": rnd, "error": str(e)})
+                    line.error = line.error or str(e)
+                    continue
+                r["round"] = rnd
+                line.runs[mode].append(r)
+                fast = (f"  fast {fmt_pct(r['fast_share'])}"
+                        if line.hybd else "")
+                if mode == "qd1":
+                    what = (f"mean {r['mean_us']:8.1f} us  p99 "
+                            f"{r['p99_us']:8.1f} us")
+                else:
+                    what = f"{r['iops']:10.0f} IOPS"
+                say(f"[{n:3}/{total}] round {rnd + 1} {mode:4} "
+                    f"{line.key:<11} {what}{fast}  ({r['wall_s']:.1f}s)")
+
+
+def main():
+    args = parse_args()
+    if os.geteuid() != 0:
+        say("must run as root (tools/vm-run bench runs it in a guest)")
+        return 2
+    if not shutil.which("fio"):
+        say("fio is not installed (make deps)")
+        return 1
+    os.makedirs(args.results, exist_ok=True)
+
+    def on_term(signum, frame):
+        raise Stop()
+    signal.signal(signal.SIGTERM, on_term)
+
+    lines = {k: Line(k) for k in args.lines}
+    tmp = tempfile.mkdtemp(prefix="hybd-bench.")
+    ctx = Context(args, tmp)
+    status = 0
+    t0 = time.monotonic()
+    info = meta(args)
+    say(f"{platform.release()}, {os.cpu_count()} CPUs; lines: "
+        f"{','.join(lines)}; {args.samples} samples x {args.runtime}s, "
+        f"region {args.region >> 20} MiB")
+    try:
+        if any(ln.hybd for ln in lines.values()):
+            ensure_hybd(ctx)
+        for line in lines.values():
+            say(f"setting up {line.key}: {line.label}")
+            try:
+                (SETUP.get(line.key) or setup_hybd)(line, ctx)
+                say(f"{line.key}: {line.dev}")
+            except BenchError as e:
+                line.dev, line.error = None, str(e)
+                say(f"{line.key}: NOT MEASURED: {e}")
+        measure(lines, args)
+        for line in lines.values():
+            if line.hybd and line.dev:
+                try:
+                    line.info["final_stats"] = hybd_stats(line.dev)
+                except BenchError as e:
+                    say(f"{line.key}: {e}")
+    except BenchError as e:
+        say(f"FAILED: {e}")
+        status = 1
+    except (Stop, KeyboardInterrupt):
+        say("interrupted: cleaning up")
+        status = 1
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        ctx.cleanup.run()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    summary = {k: summarize(ln) for k, ln in lines.items()
+               if median_of(ln.runs["qd1"], "mean_us") is not None}
+    targets = evaluate_targets(lines, summary)
+    print_table(lines, summary, targets, args)
+
+    doc = {"version": 1, "meta": info,
+           "config": {"bs": BS, "region": args.region,
+                      "samples": args.samples, "runtime_s": args.runtime,
+                      "qd32_engine": args.qd32_engine, "qd32": QD32,
+                      "ramdisk_size": args.ramdisk_size,
+                      "fio_qd1": fio_cmd("DEV", "qd1", args),
+                      "fio_qd32": fio_cmd("DEV", "qd32", args)},
+           "lines": {k: {"label": ln.label, "device": ln.dev,
+                         "setup": ln.info, "error": ln.error,
+                         "runs": ln.runs, "median": summary.get(k)}
+                     for k, ln in lines.items()},
+           "targets": targets,
+           "elapsed_s": round(time.monotonic() - t0, 1)}
+    out = Path(args.results) / "bench.json"
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    say(f"every sample: {out}")
+    title = (f"hybd bench: 4 KiB random read QD1, {doc['meta']['kernel']}, "
+             f"{info['accel'] or 'accel ?'}, medians of {args.samples}")
+    png = Path(args.results) / "bench.png"
+    if plot(png, lines, summary, title):
+        say(f"chart: {png}")
+
+    if any(ln.error for ln in lines.values()) or ctx.cleanup.failed:
+        status = status or 1
+    say(f"done in {doc['elapsed_s']:.0f}s, status {status}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
