@@ -1,0 +1,142 @@
+# SPDX-License-Identifier: GPL-2.0
+"""Fixtures for hybd's suite.  It runs as root inside the guest that
+tools/vm-run boots, with kmod/hybd.ko loaded.
+
+- every test fails if the kernel logged a splat while it ran (klog.py);
+  @pytest.mark.kmsg_allow(regex, ...) exempts lines a test expects;
+- ramdisk(**opts) / badserver(mode) start servers and always clean up;
+- hybdctl(*args) -> (rc, stdout, stderr), info(dev) -> dict.
+"""
+
+import os
+
+import pytest
+
+import hybdlib
+import klog
+from hybdlib import (BADSERVER, CONTROL, RAMDISK, Server, need_built,
+                     ramdisk_args, reap)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _root_and_module():
+    if os.geteuid() != 0:
+        pytest.exit("the suite runs as root in the guest: tools/vm-run tests",
+                    returncode=4)
+    if not os.path.exists(CONTROL):
+        pytest.fail(f"{CONTROL} missing: the hybd module is not loaded "
+                    f"(tools/vm-run tests loads {hybdlib.KMOD})", pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def kernel_log(request):
+    """Fails the test if the kernel logged a BUG, WARNING, Oops, hung task,
+    lockup, RCU stall... while it (and its fixtures) ran."""
+    try:
+        kmsg = klog.Kmsg()
+    except OSError as e:
+        pytest.fail(f"cannot open /dev/kmsg: {e}", pytrace=False)
+    yield kmsg
+    lines = kmsg.read_new()
+    kmsg.close()
+    allow = []
+    for mark in request.node.iter_markers("kmsg_allow"):
+        allow += mark.args
+    bad = klog.bad_lines(lines, allow)
+    allowed = [l for l in klog.bad_lines(lines) if l not in bad]
+    if allowed and os.environ.get("HYBD_RESULTS"):
+        # so that the runner's scan of the whole log does not count them
+        with open(os.path.join(os.environ["HYBD_RESULTS"], "kmsg-allowed.txt"),
+                  "a", encoding="utf-8") as f:
+            f.writelines(l + "\n" for l in allowed)
+    if bad:
+        pytest.fail("kernel log during this test:\n  " + "\n  ".join(bad),
+                    pytrace=False)
+
+
+@pytest.fixture
+def hybdctl():
+    """hybdctl(*args) -> (rc, stdout, stderr)."""
+    return hybdlib.hybdctl
+
+
+@pytest.fixture
+def info():
+    """info(dev) -> hybdctl info DEV --json, parsed."""
+    return hybdlib.info
+
+
+class _Servers:
+    """Starts servers for one test; at teardown kills what is left and
+    deletes every device they created."""
+
+    def __init__(self):
+        self.servers = []
+
+    def start(self, cmd):
+        srv = Server(cmd)
+        self.servers.append(srv)
+        return srv
+
+    def cleanup(self):
+        stuck = []
+        for srv in self.servers:
+            srv.cleanup()
+            if srv.alive():
+                stuck.append(f"{srv.cmd[0]} (pid {srv.pid}) would not die")
+        for srv in self.servers:
+            if srv.id is not None and hybdlib.HYBDCTL.exists():
+                # usually gone already (ENODEV); a dead device is deleted here
+                hybdlib.run([hybdlib.HYBDCTL, "del", str(srv.id)],
+                            timeout=hybdlib.T_CMD)
+        return stuck
+
+
+@pytest.fixture
+def servers():
+    s = _Servers()
+    yield s
+    stuck = s.cleanup()
+    if stuck:
+        pytest.fail("; ".join(stuck), pytrace=False)
+
+
+@pytest.fixture
+def ramdisk(servers):
+    """ramdisk(**opts) starts examples/ramdisk/ramdisk with those options
+    (size="64M", queues=2, no_write_cache=True, ...) and returns a Server
+    once it printed `ready /dev/hybdN`."""
+    def start(**opts):
+        need_built(RAMDISK, "examples/ramdisk/ramdisk")
+        opts.setdefault("size", "64M")
+        return servers.start([RAMDISK, *ramdisk_args(opts)])
+    return start
+
+
+@pytest.fixture
+def badserver(servers):
+    """badserver(mode) starts tests/helpers/badserver MODE."""
+    def start(mode):
+        need_built(BADSERVER, "tests/helpers/badserver")
+        return servers.start([BADSERVER, mode])
+    return start
+
+
+@pytest.fixture
+def added_devices():
+    """Devices made with `hybdctl add` in a test: append their ids; they are
+    deleted at teardown."""
+    ids = []
+    yield ids
+    for dev_id in ids if hybdlib.HYBDCTL.exists() else ():
+        hybdlib.run([hybdlib.HYBDCTL, "del", str(dev_id)], timeout=hybdlib.T_CMD)
+
+
+@pytest.fixture
+def spawned():
+    """Processes a test starts with subprocess.Popen: append them; they are
+    killed (bounded) at teardown."""
+    procs = []
+    yield procs
+    for p in procs:
+        reap(p)

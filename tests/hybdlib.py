@@ -1,0 +1,406 @@
+# SPDX-License-Identifier: GPL-2.0
+"""Helpers for hybd's tests: commands with bounded time, hybdctl, direct I/O,
+and the server processes (ramdisk, badserver).
+
+Everything here runs as root inside the guest (tools/vm-run tests).  Every
+wait is bounded: under TCG a 4 KiB read through a user-space server costs
+~0.3-1 ms, so the bounds are generous, but a kernel bug must never hang the
+suite.
+"""
+
+import json
+import mmap
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+HYBDCTL = REPO / "tools" / "hybdctl"
+RAMDISK = REPO / "examples" / "ramdisk" / "ramdisk"
+BADSERVER = REPO / "tests" / "helpers" / "badserver"
+CONTROL = "/dev/hybd-control"
+KMOD = os.environ.get("HYBD_KMOD", str(REPO / "kmod" / "hybd.ko"))
+
+# bounds, in seconds
+T_CMD = 60          # a control command (hybdctl, rmmod, ...)
+T_READY = 60        # a server printing its ready line
+T_STOP = 60         # a server exiting after SIGTERM
+T_IO = 300          # a bounded I/O job (fio, dd, mkfs)
+
+COUNTERS_RE = re.compile(
+    r"^ramdisk: reads=(\d+) writes=(\d+) flushes=(\d+) fua=(\d+) "
+    r"discards=(\d+) write_zeroes=(\d+)\s*$")
+COUNTER_NAMES = ("reads", "writes", "flushes", "fua", "discards", "write_zeroes")
+
+# enum hybd_dev_state, as hybdctl names them
+STATES = ("added", "live", "dead", "deleting")
+
+# struct hybd_dev_stats, in order (the names hybdctl info --json uses)
+STATS_FIELDS = (
+    "slow_issued", "slow_done", "slow_errors", "fast_done", "fast_errors",
+    "failed_dead", "reads", "writes", "flushes", "fua", "discards",
+    "write_zeroes", "rej_bad_tag", "rej_not_outstanding", "rej_stale_seq",
+    "rej_bad_result", "rej_ring_index", "bpf_bad_ret",
+)
+REJ_FIELDS = tuple(f for f in STATS_FIELDS if f.startswith("rej_"))
+
+
+# ----------------------------------------------------------------- commands
+
+def stack_of(pid):
+    try:
+        return Path(f"/proc/{pid}/stack").read_text()
+    except OSError:
+        return "(no /proc/PID/stack)"
+
+
+def state_of(pid):
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("State:"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "gone"
+
+
+def reap(proc, timeout=10):
+    """SIGKILL proc and wait for it, bounded.  Returns False if it would not
+    die (stuck in the kernel, e.g. uninterruptible sleep)."""
+    if proc.poll() is not None:
+        return True
+    try:
+        proc.kill()
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=timeout)
+        return True
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def run(cmd, timeout=T_CMD, input=None, check=False, env=None, cwd=None):
+    """Run cmd (a list), bounded by timeout.
+
+    Returns a CompletedProcess with text stdout/stderr.  On timeout the test
+    fails, showing where the process is stuck in the kernel.  With check, a
+    non-zero exit fails the test too.
+    """
+    cmd = [str(c) for c in cmd]
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE if input is not None
+                            else subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=cwd)
+    try:
+        out, err = proc.communicate(input=input, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        state, stack = state_of(proc.pid), stack_of(proc.pid)
+        died = reap(proc)
+        pytest.fail(f"timed out after {timeout}s: {' '.join(cmd)}\n"
+                    f"state {state}{'' if died else ', would not die'}, "
+                    f"kernel stack:\n{stack}", pytrace=False)
+    res = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    if check and res.returncode != 0:
+        pytest.fail(f"{' '.join(cmd)}: exit {res.returncode}\n"
+                    f"stdout: {out}\nstderr: {err}", pytrace=False)
+    return res
+
+
+def need_tool(name):
+    """The path of an external tool, or skip the test saying which."""
+    path = shutil.which(name)
+    if path is None:
+        pytest.skip(f"{name} is not installed")
+    return path
+
+
+def need_built(path, what):
+    """Fail (not skip): the project's own binaries are built by `make`."""
+    if not Path(path).is_file() or not os.access(path, os.X_OK):
+        pytest.fail(f"{path} not built ({what}); run make", pytrace=False)
+    return str(path)
+
+
+def wait_for(pred, timeout, what, interval=0.1):
+    """Poll pred() until it returns a true value; fail after timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        val = pred()
+        if val:
+            return val
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}",
+                        pytrace=False)
+        time.sleep(interval)
+
+
+# ------------------------------------------------------------------ hybdctl
+
+def hybdctl(*args, timeout=T_CMD):
+    """Run tools/hybdctl; returns (rc, stdout, stderr)."""
+    need_built(HYBDCTL, "tools/hybdctl")
+    res = run([HYBDCTL, *args], timeout=timeout)
+    return res.returncode, res.stdout, res.stderr
+
+
+def hybdctl_json(*args):
+    rc, out, err = hybdctl(*args, "--json")
+    assert rc == 0, f"hybdctl {' '.join(args)} --json: exit {rc}: {err}"
+    try:
+        return json.loads(out)
+    except ValueError as e:
+        pytest.fail(f"hybdctl {' '.join(args)} --json: not JSON ({e}):\n{out}",
+                    pytrace=False)
+
+
+def info(dev):
+    """hybdctl info DEV --json, parsed."""
+    return hybdctl_json("info", str(dev))
+
+
+def list_devices():
+    """hybdctl list --json, parsed: [{"id":..,"state":..,"size":..}]."""
+    return hybdctl_json("list")
+
+
+def device_ids():
+    return sorted(d["id"] for d in list_devices())
+
+
+def add_device(*args):
+    """hybdctl add ARGS; returns the new id."""
+    rc, out, err = hybdctl("add", *args)
+    assert rc == 0, f"hybdctl add {' '.join(args)}: exit {rc}: {err}"
+    m = re.search(r"\d+", out)
+    assert m, f"hybdctl add printed no id: {out!r}"
+    return int(m.group(0))
+
+
+def del_device(dev):
+    return hybdctl("del", str(dev))
+
+
+def free_id():
+    """An id no device uses now."""
+    used = set(device_ids())
+    return next(i for i in range(63, -1, -1) if i not in used)
+
+
+def dev_path(dev_id):
+    return f"/dev/hybd{dev_id}"
+
+
+# --------------------------------------------------------------- data, I/O
+
+def pattern(seed, size):
+    """size deterministic pseudo-random bytes."""
+    return random.Random(seed).randbytes(size)
+
+
+def _aligned(size):
+    return mmap.mmap(-1, max(size, mmap.PAGESIZE))
+
+
+def direct_write(dev, offset, data, extra_flags=0):
+    """Write data at offset with O_DIRECT (offset, len: multiples of the
+    logical block size)."""
+    buf = _aligned(len(data))
+    buf[:len(data)] = data
+    fd = os.open(dev, os.O_WRONLY | os.O_DIRECT | extra_flags)
+    try:
+        with memoryview(buf) as view:
+            done = 0
+            while done < len(data):
+                n = os.pwritev(fd, [view[done:len(data)]], offset + done)
+                assert n > 0, f"short write on {dev} at {offset + done}"
+                done += n
+    finally:
+        os.close(fd)
+        buf.close()
+
+
+def direct_read(dev, offset, length):
+    """Read length bytes at offset with O_DIRECT."""
+    buf = _aligned(length)
+    fd = os.open(dev, os.O_RDONLY | os.O_DIRECT)
+    try:
+        with memoryview(buf) as view:
+            done = 0
+            while done < length:
+                n = os.preadv(fd, [view[done:length]], offset + done)
+                assert n > 0, f"short read on {dev} at {offset + done}"
+                done += n
+            data = bytes(view[:length])
+        return data
+    finally:
+        os.close(fd)
+        buf.close()
+
+
+def first_difference(a, b):
+    """'' if equal, else where they first differ (for assert messages)."""
+    if a == b:
+        return ""
+    if len(a) != len(b):
+        return f"lengths differ: {len(a)} != {len(b)}"
+    for i in range(len(a)):
+        if a[i] != b[i]:
+            return f"first difference at byte {i}: {a[i]:#x} != {b[i]:#x}"
+    return ""
+
+
+def assert_data(dev, offset, expected, what="data"):
+    got = direct_read(dev, offset, len(expected))
+    assert got == expected, (f"{what} on {dev} at offset {offset}: "
+                             f"{first_difference(got, expected)}")
+
+
+def sysfs_queue(dev, attr):
+    name = os.path.basename(dev)
+    return Path(f"/sys/block/{name}/queue/{attr}").read_text().strip()
+
+
+def fio(args, timeout=T_IO):
+    """Run fio with JSON output; returns (rc, parsed json or None, result).
+    It runs in /tmp: with verify it would write state files into its
+    working directory, and the repository is read-only in the guest."""
+    exe = need_tool("fio")
+    res = run([exe, "--output-format=json", "--verify_state_save=0", *args],
+              timeout=timeout, cwd="/tmp")
+    data = None
+    # fio may print warnings before the JSON document
+    start = res.stdout.find("{")
+    if start >= 0:
+        try:
+            data = json.loads(res.stdout[start:])
+        except ValueError:
+            data = None
+    return res.returncode, data, res
+
+
+# ------------------------------------------------------------------ servers
+
+class Server:
+    """A server process (ramdisk, badserver) serving one hybd device.
+
+    Waits for its `ready /dev/hybdN` line.  .dev, .id, .proc; .stop() sends
+    SIGTERM and returns the final counters (ramdisk) as a dict; .kill() sends
+    SIGKILL.  Its output is collected by threads, so it can never block on a
+    full pipe.
+    """
+
+    def __init__(self, cmd, ready_timeout=T_READY):
+        self.cmd = [str(c) for c in cmd]
+        self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        self.out, self.err = [], []
+        self._ready = threading.Event()
+        self.dev = None
+        self.id = None
+        self.counters = None
+        self._threads = [
+            threading.Thread(target=self._pump, args=(self.proc.stdout, self.out, True),
+                             daemon=True),
+            threading.Thread(target=self._pump, args=(self.proc.stderr, self.err, False),
+                             daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+        deadline = time.monotonic() + ready_timeout
+        while not self._ready.wait(0.1):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                break
+        if not self._ready.is_set():
+            # the ready line may have raced with the exit
+            for t in self._threads:
+                t.join(timeout=1)
+        if self.dev is None:
+            died = self.proc.poll()
+            reap(self.proc)
+            why = (f"exited with {died}" if died is not None
+                   else f"not ready after {ready_timeout}s")
+            pytest.fail(f"{' '.join(self.cmd)}: {why}\nstdout: {''.join(self.out)}"
+                        f"stderr: {''.join(self.err)}", pytrace=False)
+
+    def _pump(self, stream, sink, is_stdout):
+        for line in stream:
+            sink.append(line)
+            if is_stdout and self.dev is None:
+                m = re.match(r"^ready (/dev/hybd(\d+))\s*$", line)
+                if m:
+                    self.dev, self.id = m.group(1), int(m.group(2))
+                    self._ready.set()
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def output(self):
+        return f"stdout: {''.join(self.out)}stderr: {''.join(self.err)}"
+
+    def _finish(self, timeout):
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            state, stack = state_of(self.proc.pid), stack_of(self.proc.pid)
+            reap(self.proc)
+            pytest.fail(f"{self.cmd[0]} did not exit {timeout}s after the signal "
+                        f"(state {state}), kernel stack:\n{stack}", pytrace=False)
+        for t in self._threads:
+            t.join(timeout=5)
+
+    def stop(self, timeout=T_STOP):
+        """SIGTERM, wait; the server must delete its device and exit 0.
+        Returns the `ramdisk: reads=...` counters as a dict (None for a
+        server that prints none)."""
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+        self._finish(timeout)
+        assert self.proc.returncode == 0, (
+            f"{self.cmd[0]} exited with {self.proc.returncode} after SIGTERM\n"
+            f"{self.output()}")
+        for line in self.out:
+            m = COUNTERS_RE.match(line)
+            if m:
+                self.counters = dict(zip(COUNTER_NAMES, map(int, m.groups())))
+        return self.counters
+
+    def kill(self, timeout=T_STOP):
+        """SIGKILL, wait (bounded)."""
+        if self.alive():
+            self.proc.send_signal(signal.SIGKILL)
+        self._finish(timeout)
+
+    def cleanup(self):
+        """Teardown: make sure the process is gone; never raises."""
+        reap(self.proc)
+        for t in self._threads:
+            t.join(timeout=1)
+
+
+def ramdisk_args(opts):
+    """Keyword options to ramdisk flags: size="64M" -> --size 64M,
+    no_write_cache=True -> --no-write-cache, None/False -> omitted."""
+    args = []
+    for key, val in opts.items():
+        flag = "--" + key.replace("_", "-")
+        if val is None or val is False:
+            continue
+        if val is True:
+            args.append(flag)
+        else:
+            args += [flag, str(val)]
+    return args
