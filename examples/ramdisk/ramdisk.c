@@ -1,0 +1,237 @@
+// SPDX-License-Identifier: MIT
+/*
+ * ramdisk - the smallest useful hybd driver: a disk that lives in memory.
+ *
+ *   ramdisk [--size BYTES] [--queues N] [--depth N] [--max-io BYTES]
+ *           [--lbs N] [--pbs N] [--poll-ns N] [--no-write-cache] [--id N]
+ *
+ * It creates /dev/hybdN, prints "ready /dev/hybdN" once the disk exists and
+ * serves it until SIGINT or SIGTERM.  Then it deletes the device (the
+ * kernel first writes back what it still holds, through us) and prints how
+ * many requests of each kind it served.
+ *
+ * Discarded and write-zeroed ranges read back as zeros.  Nothing is cached
+ * on the way to memory: a flush has nothing to do (it is only counted) and
+ * a FUA write is as durable as it gets once copied.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hybd.h"
+
+struct ramdisk {
+	unsigned char *mem;
+	atomic_ulong reads, writes, flushes, fua, discards, write_zeroes;
+};
+
+static void count(atomic_ulong *counter)
+{
+	atomic_fetch_add_explicit(counter, 1, memory_order_relaxed);
+}
+
+/*
+ * The handlers.  The library has checked that [offset, offset + len) lies
+ * on the device, so they only move bytes.  They run in the worker thread
+ * of the request's queue, several queues at once.
+ */
+static int ramdisk_read(struct hybd_io *io, void *buf, uint64_t offset,
+			uint32_t len)
+{
+	struct ramdisk *rd = hybd_io_priv(io);
+
+	memcpy(buf, rd->mem + offset, len);
+	count(&rd->reads);
+	return 0;
+}
+
+static int ramdisk_write(struct hybd_io *io, const void *buf, uint64_t offset,
+			 uint32_t len)
+{
+	struct ramdisk *rd = hybd_io_priv(io);
+
+	memcpy(rd->mem + offset, buf, len);
+	count(&rd->writes);
+	if (hybd_io_flags(io) & HYBD_IO_F_FUA)
+		count(&rd->fua);
+	return 0;
+}
+
+static int ramdisk_flush(struct hybd_io *io)
+{
+	struct ramdisk *rd = hybd_io_priv(io);
+
+	count(&rd->flushes);
+	return 0;
+}
+
+static int ramdisk_discard(struct hybd_io *io, uint64_t offset, uint32_t len)
+{
+	struct ramdisk *rd = hybd_io_priv(io);
+
+	memset(rd->mem + offset, 0, len);
+	count(&rd->discards);
+	return 0;
+}
+
+static int ramdisk_write_zeroes(struct hybd_io *io, uint64_t offset,
+				uint32_t len)
+{
+	struct ramdisk *rd = hybd_io_priv(io);
+
+	memset(rd->mem + offset, 0, len);
+	count(&rd->write_zeroes);
+	return 0;
+}
+
+static const struct hybd_driver ramdisk_driver = {
+	.read		= ramdisk_read,
+	.write		= ramdisk_write,
+	.flush		= ramdisk_flush,
+	.discard	= ramdisk_discard,
+	.write_zeroes	= ramdisk_write_zeroes,
+};
+
+static int fail(const char *what, int err)
+{
+	fprintf(stderr, "ramdisk: %s (%s)\n", what, strerror(-err));
+	return 1;
+}
+
+/* A number, with an optional K/M/G/T suffix; exits on a bad one. */
+static uint64_t number(const char *opt, const char *arg, uint64_t max)
+{
+	uint64_t v;
+
+	if (hybd_parse_size(arg, &v) < 0 || v > max) {
+		fprintf(stderr, "ramdisk: --%s: bad value '%s'\n", opt, arg);
+		exit(2);
+	}
+	return v;
+}
+
+static const char usage[] =
+	"usage: ramdisk [--size BYTES] [--queues N] [--depth N] [--max-io BYTES]\n"
+	"               [--lbs N] [--pbs N] [--poll-ns N] [--no-write-cache] [--id N]\n";
+
+static void parse_args(int argc, char **argv, struct hybd_config *cfg)
+{
+	static const struct option opts[] = {
+		{ "size", required_argument, NULL, 's' },
+		{ "queues", required_argument, NULL, 'q' },
+		{ "depth", required_argument, NULL, 'd' },
+		{ "max-io", required_argument, NULL, 'm' },
+		{ "lbs", required_argument, NULL, 'l' },
+		{ "pbs", required_argument, NULL, 'p' },
+		{ "poll-ns", required_argument, NULL, 'P' },
+		{ "no-write-cache", no_argument, NULL, 'W' },
+		{ "id", required_argument, NULL, 'i' },
+		{ NULL, 0, NULL, 0 },
+	};
+	int c, i = 0;
+
+	while ((c = getopt_long(argc, argv, "", opts, &i)) != -1) {
+		const char *name = opts[i].name;
+
+		switch (c) {
+		case 's': cfg->size = number(name, optarg, UINT64_MAX); break;
+		case 'q': cfg->nr_queues = number(name, optarg, UINT32_MAX); break;
+		case 'd': cfg->queue_depth = number(name, optarg, UINT32_MAX); break;
+		case 'm': cfg->max_io_bytes = number(name, optarg, UINT32_MAX); break;
+		case 'l': cfg->logical_block_size = number(name, optarg, UINT32_MAX); break;
+		case 'p': cfg->physical_block_size = number(name, optarg, UINT32_MAX); break;
+		case 'P': cfg->poll_ns = number(name, optarg, UINT32_MAX); break;
+		case 'i': cfg->dev_id = number(name, optarg, INT32_MAX); break;
+		case 'W':
+			/* nothing cached: no flush, no FUA */
+			cfg->flags &= ~HYBD_DEV_F_WRITE_CACHE;
+			cfg->ops &= ~(HYBD_OPF_FLUSH | HYBD_OPF_FUA);
+			break;
+		default:
+			fputs(usage, stderr);
+			exit(2);
+		}
+	}
+}
+
+static sigset_t stop_signals;
+static atomic_int stopping;
+
+/* SIGINT/SIGTERM: delete the device; the kernel drains it through us. */
+static void *signal_thread(void *arg)
+{
+	struct hybd_dev *dev = arg;
+	int sig, ret;
+
+	for (;;) {
+		sigwait(&stop_signals, &sig);
+		stopping = 1;
+		ret = hybd_ctl_del(hybd_dev_id(dev));
+		if (!ret)
+			return NULL;
+		stopping = 0;
+		fail(hybd_errmsg(), ret);
+	}
+}
+
+int main(int argc, char **argv)
+{
+	struct ramdisk rd = { 0 };
+	struct hybd_config cfg;
+	struct hybd_dev *dev;
+	pthread_t thread;
+	int ret;
+
+	hybd_config_init(&cfg);
+	cfg.size = 64 << 20;
+	parse_args(argc, argv, &cfg);
+
+	rd.mem = calloc(1, cfg.size ? cfg.size : 1);
+	if (!rd.mem)
+		return fail("cannot allocate the disk's memory", -ENOMEM);
+
+	/* Signals wait for signal_thread; the library's workers never see them. */
+	sigemptyset(&stop_signals);
+	sigaddset(&stop_signals, SIGINT);
+	sigaddset(&stop_signals, SIGTERM);
+	pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
+
+	ret = hybd_dev_create(&cfg, &ramdisk_driver, &rd, &dev);
+	if (ret)
+		return fail(hybd_errmsg(), ret);
+	ret = hybd_dev_start(dev);
+	if (ret) {
+		fail(hybd_errmsg(), ret);
+		hybd_dev_delete(dev);
+		return 1;
+	}
+	printf("ready %s\n", hybd_dev_path(dev));
+	fflush(stdout);
+	pthread_create(&thread, NULL, signal_thread, dev);
+
+	/* Returns once the device is gone: deleted by us, or by someone else. */
+	ret = hybd_dev_wait(dev);
+	if (ret || !stopping) {
+		if (ret)
+			fail(hybd_errmsg(), ret);
+		else
+			fprintf(stderr, "ramdisk: %s was deleted underneath us\n",
+				hybd_dev_path(dev));
+		hybd_dev_delete(dev);
+		return 1;
+	}
+	pthread_join(thread, NULL);
+	hybd_dev_delete(dev);
+
+	printf("ramdisk: reads=%lu writes=%lu flushes=%lu fua=%lu discards=%lu write_zeroes=%lu\n",
+	       atomic_load(&rd.reads), atomic_load(&rd.writes),
+	       atomic_load(&rd.flushes), atomic_load(&rd.fua),
+	       atomic_load(&rd.discards), atomic_load(&rd.write_zeroes));
+	free(rd.mem);
+	return 0;
+}
