@@ -1,0 +1,333 @@
+// SPDX-License-Identifier: MIT
+/*
+ * badserver - a hybd server that breaks the completion-ring protocol on
+ * purpose, so that tests can check that the kernel rejects, counts and
+ * survives it.
+ *
+ *   badserver MODE [--size BYTES]
+ *
+ * It adds a device (1 queue, depth 16, 4 KiB blocks, read and write only,
+ * no write cache, 16 MiB unless --size), serves it correctly from a
+ * zero-filled memory disk while HYBD_SRV_START scans the partitions, prints
+ * "ready /dev/hybdN", and from then on misbehaves on every request:
+ *
+ *   good             no misbehaviour
+ *   unknown-tag      a completion for tag depth+100 first, then the right one
+ *   double-complete  the right completion, committed, then the same again
+ *   stale-seq        a completion with seq+12345 first, then the right one
+ *   bad-result       result 4242 (not 0 or -errno) instead of the right one
+ *   garbage-ring     cq_tail jumps by 0x10000 and is committed, then the
+ *                    right completion is posted from the new tail
+ *
+ * SIGINT/SIGTERM: delete the device and exit 0.  The device deleted by
+ * someone else: exit 0.  Anything else going wrong: exit 1.
+ *
+ * It speaks the raw UAPI (only hybd_ctl_add() and the parsers come from
+ * libhybd) so that nothing between it and the kernel tidies up its mess.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "hybd.h"
+
+#define DEPTH		16
+#define SECTOR_SHIFT	9
+
+enum mode {
+	GOOD, UNKNOWN_TAG, DOUBLE_COMPLETE, STALE_SEQ, BAD_RESULT, GARBAGE_RING,
+};
+
+static const char *const mode_names[] = {
+	[GOOD] = "good",
+	[UNKNOWN_TAG] = "unknown-tag",
+	[DOUBLE_COMPLETE] = "double-complete",
+	[STALE_SEQ] = "stale-seq",
+	[BAD_RESULT] = "bad-result",
+	[GARBAGE_RING] = "garbage-ring",
+};
+
+#define NR_MODES	(sizeof(mode_names) / sizeof(mode_names[0]))
+
+static struct {
+	enum mode mode;
+	atomic_int misbehave;	/* set once HYBD_SRV_START returned */
+	int fd;
+	uint32_t id;
+	uint64_t size;
+	unsigned char *disk;
+
+	struct hybd_ring_hdr *hdr;
+	uint32_t *sq;
+	struct hybd_cqe *cq;
+	struct hybd_io_desc *desc;
+	unsigned char *data;
+	uint32_t entries, depth, max_io;
+	uint32_t sq_head, cq_tail;
+	int serve_err;
+} srv;
+
+static void die(const char *what, int err)
+{
+	fprintf(stderr, "badserver: %s (%s)\n", what, strerror(err));
+	if (srv.id != HYBD_DEV_ID_ANY)
+		hybd_ctl_del(srv.id);
+	exit(1);
+}
+
+/* HYBD_SRV_IO: commit what is posted, and wait for work if @flags says so. */
+static int srv_io(uint16_t flags)
+{
+	struct hybd_srv_io io = {
+		.len = sizeof(io),
+		.queue = 0,
+		.flags = flags,
+	};
+	int ret;
+
+	do {
+		ret = ioctl(srv.fd, HYBD_SRV_IO, &io);
+	} while (ret < 0 && errno == EINTR);
+	return ret < 0 ? -errno : ret;
+}
+
+/* Put a completion on the ring, committing first if the ring is full. */
+static void post(uint32_t tag, int32_t result, uint64_t seq)
+{
+	struct hybd_cqe *cqe;
+
+	while (srv.cq_tail - __atomic_load_n(&srv.hdr->cq_head,
+					     __ATOMIC_ACQUIRE) >= srv.entries) {
+		if (srv_io(0) < 0)
+			return;
+	}
+	cqe = &srv.cq[srv.cq_tail & (srv.entries - 1)];
+	cqe->tag = tag;
+	cqe->result = result;
+	cqe->seq = seq;
+	srv.cq_tail++;
+	__atomic_store_n(&srv.hdr->cq_tail, srv.cq_tail, __ATOMIC_RELEASE);
+}
+
+/* Do the request's I/O on the memory disk; returns 0 or -errno. */
+static int do_io(uint32_t tag, const struct hybd_io_desc *d)
+{
+	unsigned char *buf = srv.data + (size_t)tag * srv.max_io;
+	uint64_t off = d->sector << SECTOR_SHIFT;
+
+	if (d->nr_bytes > srv.max_io || off > srv.size ||
+	    d->nr_bytes > srv.size - off)
+		return -EIO;
+	switch (d->op) {
+	case HYBD_OP_READ:
+		memcpy(buf, srv.disk + off, d->nr_bytes);
+		return 0;
+	case HYBD_OP_WRITE:
+		memcpy(srv.disk + off, buf, d->nr_bytes);
+		return 0;
+	default:
+		return -EOPNOTSUPP;
+	}
+}
+
+static void serve_one(uint32_t tag)
+{
+	const struct hybd_io_desc *shared = &srv.desc[tag];
+	struct hybd_io_desc d = {
+		.op = __atomic_load_n(&shared->op, __ATOMIC_RELAXED),
+		.nr_bytes = __atomic_load_n(&shared->nr_bytes, __ATOMIC_RELAXED),
+		.sector = __atomic_load_n(&shared->sector, __ATOMIC_RELAXED),
+		.seq = __atomic_load_n(&shared->seq, __ATOMIC_RELAXED),
+	};
+	int res = do_io(tag, &d);
+
+	if (!atomic_load(&srv.misbehave)) {
+		post(tag, res, d.seq);
+		return;
+	}
+	switch (srv.mode) {
+	case GOOD:
+		post(tag, res, d.seq);
+		break;
+	case UNKNOWN_TAG:
+		post(srv.depth + 100, res, d.seq);
+		post(tag, res, d.seq);
+		break;
+	case DOUBLE_COMPLETE:
+		post(tag, res, d.seq);
+		srv_io(0);
+		post(tag, res, d.seq);
+		srv_io(0);
+		break;
+	case STALE_SEQ:
+		post(tag, res, d.seq + 12345);
+		post(tag, res, d.seq);
+		break;
+	case BAD_RESULT:
+		post(tag, 4242, d.seq);
+		break;
+	case GARBAGE_RING:
+		srv.cq_tail += 0x10000;
+		__atomic_store_n(&srv.hdr->cq_tail, srv.cq_tail,
+				 __ATOMIC_RELEASE);
+		srv_io(0);
+		post(tag, res, d.seq);
+		break;
+	}
+}
+
+/* The serving loop: commit and wait, then drain the submission ring. */
+static void *serve(void *arg)
+{
+	uint32_t tail;
+	int ret, pending;
+
+	(void)arg;
+	for (;;) {
+		/* our own commits may have made the kernel think we saw these */
+		pending = __atomic_load_n(&srv.hdr->sq_tail, __ATOMIC_ACQUIRE) !=
+			  srv.sq_head;
+		ret = srv_io(pending ? 0 : HYBD_SRV_IO_WAIT);
+		if (ret < 0) {
+			if (ret != -ENODEV) {
+				fprintf(stderr, "badserver: HYBD_SRV_IO: %s\n",
+					strerror(-ret));
+				srv.serve_err = 1;
+			}
+			break;
+		}
+		tail = __atomic_load_n(&srv.hdr->sq_tail, __ATOMIC_ACQUIRE);
+		while (srv.sq_head != tail) {
+			uint32_t tag = srv.sq[srv.sq_head++ & (srv.entries - 1)];
+
+			if (tag < srv.depth)
+				serve_one(tag);
+		}
+		__atomic_store_n(&srv.hdr->sq_head, srv.sq_head,
+				 __ATOMIC_RELEASE);
+	}
+	kill(getpid(), SIGUSR1);	/* wake main */
+	return NULL;
+}
+
+static void setup(void)
+{
+	struct hybd_srv_info info = { .len = sizeof(info) };
+	struct hybd_config cfg;
+	char path[64];
+	void *area;
+	int ret, tries;
+
+	hybd_config_init(&cfg);
+	cfg.size = srv.size;
+	cfg.nr_queues = 1;
+	cfg.queue_depth = DEPTH;
+	cfg.logical_block_size = 4096;
+	cfg.physical_block_size = 4096;
+	cfg.ops = HYBD_OPF_READ | HYBD_OPF_WRITE;
+	cfg.flags = 0;
+	ret = hybd_ctl_add(&cfg, &srv.id);
+	if (ret) {
+		srv.id = HYBD_DEV_ID_ANY;
+		die(hybd_errmsg(), -ret);
+	}
+
+	snprintf(path, sizeof(path), "/dev/" HYBD_SRV_NAME_FMT, srv.id);
+	for (tries = 0; tries < 200; tries++) {
+		srv.fd = open(path, O_RDWR | O_CLOEXEC);
+		if (srv.fd >= 0 || errno != ENOENT)
+			break;
+		usleep(10000);	/* udev may still be creating it */
+	}
+	if (srv.fd < 0)
+		die(path, errno);
+	if (ioctl(srv.fd, HYBD_SRV_GET_INFO, &info) < 0)
+		die("HYBD_SRV_GET_INFO", errno);
+	area = mmap(NULL, info.queue_map_size, PROT_READ | PROT_WRITE,
+		    MAP_SHARED, srv.fd, 0);
+	if (area == MAP_FAILED)
+		die("mmap of queue 0", errno);
+
+	srv.hdr = area;
+	srv.entries = srv.hdr->ring_entries;
+	srv.depth = srv.hdr->queue_depth;
+	srv.max_io = srv.hdr->max_io_bytes;
+	srv.sq = (uint32_t *)((char *)area + srv.hdr->sq_off);
+	srv.cq = (struct hybd_cqe *)((char *)area + srv.hdr->cq_off);
+	srv.desc = (struct hybd_io_desc *)((char *)area + srv.hdr->desc_off);
+	srv.data = (unsigned char *)area + srv.hdr->data_off;
+	srv.sq_head = srv.hdr->sq_head;
+	srv.cq_tail = srv.hdr->cq_tail;
+	if (!srv.entries || (srv.entries & (srv.entries - 1)) ||
+	    srv.depth != DEPTH || srv.depth > srv.entries)
+		die("unexpected ring header", EPROTO);
+}
+
+static void usage(void)
+{
+	size_t i;
+
+	fprintf(stderr, "usage: badserver MODE [--size BYTES]\nmodes:");
+	for (i = 0; i < NR_MODES; i++)
+		fprintf(stderr, " %s", mode_names[i]);
+	fprintf(stderr, "\n");
+	exit(2);
+}
+
+int main(int argc, char **argv)
+{
+	pthread_t thread;
+	sigset_t sigs;
+	size_t i;
+	int sig, ret;
+
+	srv.id = HYBD_DEV_ID_ANY;
+	srv.size = 16 << 20;
+	if (argc != 2 && !(argc == 4 && !strcmp(argv[2], "--size")))
+		usage();
+	for (i = 0; i < NR_MODES && strcmp(argv[1], mode_names[i]); i++)
+		;
+	if (i == NR_MODES)
+		usage();
+	srv.mode = i;
+	if (argc == 4 && hybd_parse_size(argv[3], &srv.size) < 0)
+		usage();
+	srv.disk = calloc(1, srv.size ? srv.size : 1);
+	if (!srv.disk)
+		die("cannot allocate the disk", ENOMEM);
+
+	sigemptyset(&sigs);
+	sigaddset(&sigs, SIGINT);
+	sigaddset(&sigs, SIGTERM);
+	sigaddset(&sigs, SIGUSR1);
+	pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+
+	setup();
+	ret = pthread_create(&thread, NULL, serve, NULL);
+	if (ret)
+		die("cannot start the serving thread", ret);
+	if (ioctl(srv.fd, HYBD_SRV_START, 0) < 0)
+		die("HYBD_SRV_START", errno);
+	atomic_store(&srv.misbehave, 1);
+	printf("ready /dev/" HYBD_DISK_NAME_FMT "\n", srv.id);
+	fflush(stdout);
+
+	sigwait(&sigs, &sig);
+	if (sig != SIGUSR1) {
+		/* the kernel drains the disk through the serving thread */
+		ret = hybd_ctl_del(srv.id);
+		if (ret && ret != -ENODEV)
+			fprintf(stderr, "badserver: %s (%s)\n", hybd_errmsg(),
+				strerror(-ret));
+	}
+	pthread_join(thread, NULL);
+	return srv.serve_err;
+}
