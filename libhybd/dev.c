@@ -184,7 +184,7 @@ int hybd_dev_create(const struct hybd_config *cfg,
 {
 	struct hybd_srv_info info;
 	struct hybd_dev *dev;
-	char msg[256];
+	char msg[HYBD_ERRMSG_MAX];
 	int ret;
 
 	if (!cfg || !drv || !devp)

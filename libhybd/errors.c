@@ -10,7 +10,7 @@
 
 #include "hybd_internal.h"
 
-static __thread char hybd_msg[256];
+static __thread char hybd_msg[HYBD_ERRMSG_MAX];
 
 const char *hybd_errmsg(void)
 {

@@ -16,6 +16,8 @@
 #define HYBD_DEV_DIR		"/dev/"
 #define HYBD_CONTROL_PATH	HYBD_DEV_DIR HYBD_CONTROL_NAME
 #define HYBD_SECTOR_SHIFT	9
+/* hybd_errmsg()'s buffer: room for a verifier log excerpt too */
+#define HYBD_ERRMSG_MAX		4096
 
 #define hybd_load_acquire(p)	__atomic_load_n((p), __ATOMIC_ACQUIRE)
 #define hybd_store_release(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
