@@ -99,9 +99,11 @@ int hybd_parse_size(const char *s, uint64_t *bytes)
 	if (!is_digit(*s))
 		goto bad;
 	for (p = s; is_digit(*p); p++) {
-		if (v > (UINT64_MAX - 9) / 10)
+		unsigned int digit = *p - '0';
+
+		if (v > UINT64_MAX / 10 || v * 10 > UINT64_MAX - digit)
 			goto range;
-		v = v * 10 + (*p - '0');
+		v = v * 10 + digit;
 	}
 	switch (*p) {
 	case 'k': case 'K':

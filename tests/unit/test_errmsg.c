@@ -1,0 +1,257 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Configuration and messages: hybd_config_init defaults, the translation to
+ * the kernel's parameter block, and the err_param -> sentence mapping for
+ * HYBD_CTL_ADD failures.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "hybd_internal.h"
+
+static int passed, failed;
+
+#define CHECK(cond) check(!!(cond), #cond, __LINE__)
+
+static void check(int ok, const char *what, int line)
+{
+	if (ok) {
+		passed++;
+		return;
+	}
+	failed++;
+	fprintf(stderr, "test_errmsg.c:%d: FAILED: %s\n", line, what);
+}
+
+/* The message for @perr/@err with @p must be exactly @want. */
+static void msg_is(const struct hybd_params *p, int32_t dev_id, uint32_t perr,
+		   int err, const char *want)
+{
+	char buf[512];
+
+	hybd__param_errmsg(buf, sizeof(buf), p, dev_id, perr, err);
+	if (strcmp(buf, want))
+		fprintf(stderr, "err_param %u, err %d:\n  got  \"%s\"\n  want \"%s\"\n",
+			perr, err, buf, want);
+	CHECK(!strcmp(buf, want));
+}
+
+/* A valid parameter block, as hybd_config_init() + 64 MiB would send. */
+static void good_params(struct hybd_params *p)
+{
+	struct hybd_config cfg;
+
+	hybd_config_init(&cfg);
+	cfg.size = 64 << 20;
+	hybd__config_to_params(&cfg, p);
+}
+
+static void test_config_init(void)
+{
+	struct hybd_config cfg;
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	unsigned int i;
+
+	memset(&cfg, 0xff, sizeof(cfg));
+	hybd_config_init(&cfg);
+	CHECK(cfg.size == 0);
+	CHECK(cfg.logical_block_size == 4096);
+	CHECK(cfg.physical_block_size == 4096);
+	CHECK(cfg.max_io_bytes == (1U << 20));
+	CHECK(cfg.nr_queues == (cpus > 64 ? 64 : (uint32_t)cpus));
+	CHECK(cfg.queue_depth == 64);
+	CHECK(cfg.ops == HYBD_OPF_ALL);
+	CHECK(cfg.flags == HYBD_DEV_F_WRITE_CACHE);
+	CHECK(cfg.poll_ns == 0);
+	CHECK(cfg.dev_id == -1);
+	CHECK(cfg.lib_flags == 0);
+	CHECK(!cfg.max_discard_bytes && !cfg.discard_granularity &&
+	      !cfg.max_write_zeroes_bytes);
+	for (i = 0; i < sizeof(cfg.reserved) / sizeof(cfg.reserved[0]); i++)
+		CHECK(cfg.reserved[i] == 0);
+}
+
+static void test_config_to_params(void)
+{
+	struct hybd_config cfg;
+	struct hybd_params p;
+
+	hybd_config_init(&cfg);
+	cfg.size = 1 << 30;
+	cfg.logical_block_size = 512;
+	cfg.physical_block_size = 8192;
+	cfg.max_io_bytes = 65536;
+	cfg.nr_queues = 3;
+	cfg.queue_depth = 128;
+	cfg.ops = HYBD_OPF_READ | HYBD_OPF_WRITE;
+	cfg.flags = 0;
+	cfg.poll_ns = 5000;
+	CHECK(hybd__config_to_params(&cfg, &p) == 0);
+	CHECK(p.len == sizeof(p));
+	CHECK(p.types == HYBD_PARAM_BASIC);
+	CHECK(p.basic.dev_size == 1 << 30);
+	CHECK(p.basic.logical_bs == 512 && p.basic.physical_bs == 8192);
+	CHECK(p.basic.max_io_bytes == 65536);
+	CHECK(p.basic.nr_hw_queues == 3 && p.basic.queue_depth == 128);
+	CHECK(p.basic.ops == (HYBD_OPF_READ | HYBD_OPF_WRITE));
+	CHECK(p.basic.flags == 0 && p.basic.poll_ns == 5000);
+	CHECK(p.basic.reserved0 == 0 && p.basic.reserved[3] == 0);
+	CHECK(p.discard.max_discard_bytes == 0);
+
+	/* the discard block goes along only when something is set in it */
+	cfg.discard_granularity = 4096;
+	CHECK(hybd__config_to_params(&cfg, &p) == 0);
+	CHECK(p.types == (HYBD_PARAM_BASIC | HYBD_PARAM_DISCARD));
+	CHECK(p.discard.discard_granularity == 4096);
+
+	/* what the 16-bit fields cannot carry is refused, not truncated */
+	hybd_config_init(&cfg);
+	cfg.nr_queues = 65536 + 2;
+	CHECK(hybd__config_to_params(&cfg, &p) == -EINVAL);
+	CHECK(!strcmp(hybd_errmsg(),
+		      "number of queues 65538: must be between 1 and 64"));
+	hybd_config_init(&cfg);
+	cfg.queue_depth = 70000;
+	CHECK(hybd__config_to_params(&cfg, &p) == -EINVAL);
+	CHECK(!strcmp(hybd_errmsg(),
+		      "queue depth 70000: must be between 1 and 1024"));
+	hybd_config_init(&cfg);
+	cfg.dev_id = -2;
+	CHECK(hybd__config_to_params(&cfg, &p) == -EINVAL);
+	CHECK(strstr(hybd_errmsg(), "device id -2") != NULL);
+	hybd_config_init(&cfg);
+	cfg.reserved[3] = 1;
+	CHECK(hybd__config_to_params(&cfg, &p) == -EINVAL);
+	hybd_config_init(&cfg);
+	cfg.lib_flags = 1U << 7;
+	CHECK(hybd__config_to_params(&cfg, &p) == -EINVAL);
+}
+
+static void test_param_messages(void)
+{
+	struct hybd_params p;
+	char want[256];
+
+	good_params(&p);
+	p.basic.logical_bs = 1000;
+	msg_is(&p, -1, HYBD_PERR_LOGICAL_BS, -EINVAL,
+	       "logical block size 1000: must be a power of two between 512 and 4096");
+
+	good_params(&p);
+	p.basic.physical_bs = 2048;
+	msg_is(&p, -1, HYBD_PERR_PHYSICAL_BS, -EINVAL,
+	       "physical block size 2048: must be 0 (same as logical) or a power of two between the logical block size (4096) and 65536");
+
+	good_params(&p);
+	p.basic.dev_size = 0;
+	msg_is(&p, -1, HYBD_PERR_SIZE, -EINVAL,
+	       "device size 0: must be a non-zero multiple of the logical block size (4096)");
+	p.basic.dev_size = 4097;
+	msg_is(&p, -1, HYBD_PERR_SIZE, -EINVAL,
+	       "device size 4097: must be a non-zero multiple of the logical block size (4096)");
+	p.basic.dev_size = 1ULL << 60;
+	msg_is(&p, -1, HYBD_PERR_SIZE, -ERANGE,
+	       "device size 1152921504606846976: larger than the kernel allows");
+
+	good_params(&p);
+	p.basic.max_io_bytes = 5000;
+	msg_is(&p, -1, HYBD_PERR_MAX_IO, -EINVAL,
+	       "max I/O size 5000: must be a multiple of 4096 between 4096 and 1048576");
+
+	good_params(&p);
+	p.basic.nr_hw_queues = 0;
+	msg_is(&p, -1, HYBD_PERR_QUEUES, -ERANGE,
+	       "number of queues 0: must be between 1 and 64");
+
+	good_params(&p);
+	p.basic.queue_depth = 2000;
+	msg_is(&p, -1, HYBD_PERR_DEPTH, -ERANGE,
+	       "queue depth 2000: must be between 1 and 1024");
+
+	good_params(&p);
+	p.basic.queue_depth = 1024;
+	msg_is(&p, -1, HYBD_PERR_QUEUE_BUF, -ERANGE,
+	       "queue depth 1024 x max I/O size 1048576 = 1073741824 bytes of buffers per queue: must not exceed 268435456 (256 MiB)");
+
+	good_params(&p);
+	p.basic.ops = HYBD_OPF_WRITE;
+	msg_is(&p, -1, HYBD_PERR_OPS, -EINVAL,
+	       "operations write: read is mandatory");
+	p.basic.ops = HYBD_OPF_READ | (1U << 9);
+	msg_is(&p, -1, HYBD_PERR_OPS, -EOPNOTSUPP,
+	       "operations read,0x200: unknown bits 0x200 (known: 0x3f)");
+	p.basic.ops = HYBD_OPF_READ | HYBD_OPF_DISCARD;
+	msg_is(&p, -1, HYBD_PERR_OPS, -EINVAL,
+	       "operations read,discard: without write, read must be the only operation");
+	p.basic.ops = HYBD_OPF_READ | HYBD_OPF_WRITE | HYBD_OPF_FUA;
+	p.basic.flags = 0;
+	msg_is(&p, -1, HYBD_PERR_OPS, -EINVAL,
+	       "operations read,write,fua: flush and fua need the volatile write cache");
+
+	good_params(&p);
+	p.basic.flags = 0x81;
+	msg_is(&p, -1, HYBD_PERR_FLAGS, -EOPNOTSUPP,
+	       "device flags 0x81: unknown bits 0x80 (known: 0x1)");
+	p.basic.flags = HYBD_DEV_F_WRITE_CACHE;
+	p.basic.ops = HYBD_OPF_READ | HYBD_OPF_WRITE;
+	msg_is(&p, -1, HYBD_PERR_FLAGS, -EINVAL,
+	       "device flags 0x1: a volatile write cache needs the flush operation");
+
+	good_params(&p);
+	p.basic.poll_ns = 2000000;
+	msg_is(&p, -1, HYBD_PERR_POLL, -ERANGE,
+	       "poll time 2000000 ns: must be at most 1000000 ns (1 ms)");
+
+	good_params(&p);
+	p.types |= HYBD_PARAM_DISCARD;
+	p.discard.discard_granularity = 1000;
+	msg_is(&p, -1, HYBD_PERR_DISCARD, -EINVAL,
+	       "discard granularity 1000: must be 0 (the logical block size) or a power of two >= the logical block size (4096)");
+	p.discard.discard_granularity = 0;
+	p.discard.max_discard_bytes = 1000;
+	msg_is(&p, -1, HYBD_PERR_DISCARD, -EINVAL,
+	       "max discard 1000 / max write-zeroes 0 bytes: must be multiples of the logical block size (4096)");
+	p.basic.ops = HYBD_OPF_READ;
+	msg_is(&p, -1, HYBD_PERR_DISCARD, -EINVAL,
+	       "discard limits given but neither discard nor write-zeroes is enabled");
+
+	good_params(&p);
+	msg_is(&p, 70, HYBD_PERR_DEV_ID, -ERANGE,
+	       "device id 70: must be between 0 and 63");
+	msg_is(&p, 5, HYBD_PERR_DEV_ID, -EEXIST,
+	       "device id 5 is already in use");
+	msg_is(&p, -1, HYBD_PERR_DEV_ID, -ENOSPC,
+	       "no free device id (at most 64 devices)");
+
+	snprintf(want, sizeof(want),
+		 "parameter block of %zu bytes not understood by the kernel (libhybd and module ABI mismatch)",
+		 sizeof(p));
+	msg_is(&p, -1, HYBD_PERR_LEN, -E2BIG, want);
+	p.types = 0x10;
+	msg_is(&p, -1, HYBD_PERR_TYPES, -EOPNOTSUPP,
+	       "parameter types 0x10: the basic block is mandatory, known types are 0x3");
+	msg_is(&p, -1, HYBD_PERR_RESERVED, -EINVAL,
+	       "a reserved parameter field is not zero");
+
+	/* no err_param: the errno alone */
+	msg_is(&p, -1, HYBD_PERR_NONE, -ENOMEM,
+	       "the kernel is out of memory for the device");
+	msg_is(&p, -1, HYBD_PERR_NONE, -EPERM,
+	       "permission denied (adding a device needs CAP_SYS_ADMIN)");
+	msg_is(&p, -1, HYBD_PERR_NONE, -ENOTTY,
+	       "the loaded module does not know HYBD_CTL_ADD (ABI mismatch)");
+	msg_is(&p, -1, HYBD_PERR_NONE, -EIO, "adding the device failed");
+	msg_is(&p, -1, 999, -EIO, "adding the device failed");
+}
+
+int main(void)
+{
+	test_config_init();
+	test_config_to_params();
+	test_param_messages();
+
+	printf("%d passed, %d failed\n", passed, failed);
+	return failed ? 1 : 0;
+}
