@@ -133,10 +133,16 @@ def run(cmd, timeout=60, check=True):
     except OSError as e:
         raise BenchError(f"{cmd[0]}: {e.strerror}") from None
     if check and res.returncode != 0:
-        why = (res.stderr.strip() or res.stdout.strip()).splitlines()
-        raise BenchError(f"{' '.join(cmd)}: exit {res.returncode}"
-                         f"{': ' + why[-1] if why else ''}")
+        raise BenchError(f"{' '.join(cmd)}: exit {res.returncode}: "
+                         f"{last_lines(res)}")
     return res
+
+
+def last_lines(res, n=3):
+    """The end of a command's output, on one line, for an error message."""
+    text = res.stderr.strip() or res.stdout.strip()
+    return " | ".join(ln.strip() for ln in text.splitlines()[-n:]
+                      if ln.strip()) or "(no output)"
 
 
 def wait_until(pred, timeout, what, interval=0.05):
@@ -305,7 +311,8 @@ class Ramdisk:
                 self.proc.wait(timeout=30)
                 raise BenchError(f"ramdisk {name} ignored SIGTERM (killed)")
         self._pump.join(timeout=5)
-        if self.proc.returncode != 0:
+        # one that never came up has had its failure reported already
+        if self.dev and self.proc.returncode != 0:
             raise BenchError(f"ramdisk {name} exited with "
                              f"{self.proc.returncode}: {self.tail()}")
 
@@ -403,7 +410,17 @@ def setup_nbd(line, ctx):
         ctx.cleanup.push("rmmod nbd", run, ["modprobe", "-r", "nbd"])
     wait_until(lambda: os.path.exists(NBD_DEV), 10, NBD_DEV)
     client = ["nbd-client", "-unix", sock, NBD_DEV, "-b", str(BS)]
-    run(client)
+    # seen once in a fresh guest: "Failed to setup device" on the first try
+    for attempt in range(3):
+        try:
+            run(client)
+            break
+        except BenchError as e:
+            if attempt == 2:
+                raise
+            say(f"nbd: {e}; trying again")
+            run(["nbd-client", "-d", NBD_DEV], check=False)
+            time.sleep(1)
     ctx.cleanup.push("nbd-client -d", run, ["nbd-client", "-d", NBD_DEV])
     wait_until(nbd_connected, 30, f"{NBD_DEV} to connect")
     fill_region(NBD_DEV, ctx.args.region)
@@ -472,7 +489,10 @@ def fio_cmd(dev, mode, args):
            "--filename=" + dev, "--rw=randread", f"--bs={BS}", "--direct=1",
            "--size=" + str(args.region), "--offset=0", "--time_based",
            f"--runtime={args.runtime}", "--norandommap", "--randrepeat=0",
-           "--invalidate=0", "--percentile_list=50:99:99.9"]
+           "--invalidate=0", "--percentile_list=50:99:99.9",
+           # a thread, no disk stats: under TCG a forked job and the
+           # disk_util thread cost seconds of start-up per run
+           "--thread", "--disk_util=0"]
     if mode == "qd1":
         cmd += ["--ioengine=psync", "--iodepth=1"]
     else:
@@ -511,9 +531,7 @@ def fio_run(line, mode, args):
     res = run(cmd, timeout=args.runtime * 10 + 120, check=False)
     wall = time.monotonic() - t0
     if res.returncode != 0:
-        why = (res.stderr.strip() or res.stdout.strip()).splitlines()
-        raise BenchError(f"fio exit {res.returncode}: "
-                         f"{why[-1] if why else '(no output)'}")
+        raise BenchError(f"fio exit {res.returncode}: {last_lines(res)}")
     out = parse_fio(res.stdout)
     out["wall_s"] = round(wall, 2)
     if line.hybd:
@@ -813,11 +831,18 @@ def main():
         f"{','.join(lines)}; {args.samples} samples x {args.runtime}s, "
         f"region {args.region >> 20} MiB")
     try:
+        hybd_missing = None
         if any(ln.hybd for ln in lines.values()):
-            ensure_hybd(ctx)
+            try:
+                ensure_hybd(ctx)
+            except BenchError as e:
+                hybd_missing = str(e)
+                say(f"no hybd line can run: {e}")
         for line in lines.values():
             say(f"setting up {line.key}: {line.label}")
             try:
+                if line.hybd and hybd_missing:
+                    raise BenchError(hybd_missing)
                 (SETUP.get(line.key) or setup_hybd)(line, ctx)
                 say(f"{line.key}: {line.dev}")
             except BenchError as e:
