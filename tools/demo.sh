@@ -137,7 +137,7 @@ run_fio() {
 		--filename="$DEV" --rw=randread --bs=4k --direct=1 \
 		--ioengine=psync --iodepth=1 --size=${REGION_MIB}M --offset=0 \
 		--time_based --runtime="$RUNTIME" --norandommap --randrepeat=0 \
-		--invalidate=0 >"$TMP/$name.log" 2>&1 &
+		--invalidate=0 --thread --disk_util=0 >"$TMP/$name.log" 2>&1 &
 	FIO_PID=$!
 	last=$(awk '{ print $1 }' "$stat")
 	while kill -0 "$FIO_PID" 2>/dev/null; do
