@@ -89,11 +89,13 @@ void hybd_config_init(struct hybd_config *cfg);
  * config whose ops announce an operation without a handler (read needs
  * .read, write and FUA need .write, flush needs .flush, ...).
  *
- * @buf is the request's data buffer in the shared ring (at most
- * max_io_bytes); it stays valid until the request is completed.  Offsets and
- * lengths are in bytes.  A write with HYBD_IO_F_FUA in hybd_io_flags() must
- * be durable when it completes.  discard and write_zeroes carry no data and
- * may be longer than max_io_bytes.
+ * Offsets and lengths are in bytes, and the library has checked them:
+ * [offset, offset + len) lies on the device, and a read or write is 1 to
+ * max_io_bytes long (a malformed request fails with -EIO before any
+ * handler sees it).  @buf is the request's data buffer in the shared ring;
+ * it stays valid until the request is completed.  discard and write_zeroes
+ * carry no data and may be longer than max_io_bytes.  A write with
+ * HYBD_IO_F_FUA in hybd_io_flags() must be durable when it completes.
  */
 struct hybd_driver {
 	int (*read)(struct hybd_io *io, void *buf, uint64_t offset,

@@ -162,21 +162,18 @@ static void parse_args(int argc, char **argv, struct hybd_config *cfg)
 static sigset_t stop_signals;
 static atomic_int stopping;
 
-/* SIGINT/SIGTERM: delete the device; the kernel drains it through us. */
-static void *signal_thread(void *arg)
+/*
+ * SIGINT/SIGTERM: delete the device.  The kernel first writes back what it
+ * holds, through our workers, then they exit and hybd_dev_wait() returns.
+ */
+static void *signal_thread(void *dev)
 {
-	struct hybd_dev *dev = arg;
-	int sig, ret;
+	int sig;
 
-	for (;;) {
-		sigwait(&stop_signals, &sig);
-		stopping = 1;
-		ret = hybd_ctl_del(hybd_dev_id(dev));
-		if (!ret)
-			return NULL;
-		stopping = 0;
-		fail(hybd_errmsg(), ret);
-	}
+	sigwait(&stop_signals, &sig);
+	stopping = 1;
+	hybd_ctl_del(hybd_dev_id(dev));
+	return NULL;
 }
 
 int main(int argc, char **argv)
@@ -216,12 +213,12 @@ int main(int argc, char **argv)
 
 	/* Returns once the device is gone: deleted by us, or by someone else. */
 	ret = hybd_dev_wait(dev);
+	if (ret)
+		fail(hybd_errmsg(), ret);
+	else if (!stopping)
+		fprintf(stderr, "ramdisk: %s was deleted underneath us\n",
+			hybd_dev_path(dev));
 	if (ret || !stopping) {
-		if (ret)
-			fail(hybd_errmsg(), ret);
-		else
-			fprintf(stderr, "ramdisk: %s was deleted underneath us\n",
-				hybd_dev_path(dev));
 		hybd_dev_delete(dev);
 		return 1;
 	}
