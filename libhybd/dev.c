@@ -27,27 +27,22 @@
 static int check_handlers(const struct hybd_config *cfg,
 			  const struct hybd_driver *drv)
 {
-	static const struct {
+	const struct {
 		uint32_t opf;
-		size_t off;
+		bool have;
 		const char *handler;
 	} need[] = {
-		{ HYBD_OPF_READ, offsetof(struct hybd_driver, read), "read" },
-		{ HYBD_OPF_WRITE, offsetof(struct hybd_driver, write), "write" },
-		{ HYBD_OPF_FUA, offsetof(struct hybd_driver, write), "write" },
-		{ HYBD_OPF_FLUSH, offsetof(struct hybd_driver, flush), "flush" },
-		{ HYBD_OPF_DISCARD, offsetof(struct hybd_driver, discard),
-		  "discard" },
-		{ HYBD_OPF_WRITE_ZEROES,
-		  offsetof(struct hybd_driver, write_zeroes), "write_zeroes" },
+		{ HYBD_OPF_READ, drv->read, "read" },
+		{ HYBD_OPF_WRITE, drv->write, "write" },
+		{ HYBD_OPF_FUA, drv->write, "write" },
+		{ HYBD_OPF_FLUSH, drv->flush, "flush" },
+		{ HYBD_OPF_DISCARD, drv->discard, "discard" },
+		{ HYBD_OPF_WRITE_ZEROES, drv->write_zeroes, "write_zeroes" },
 	};
 	unsigned int i;
 
 	for (i = 0; i < sizeof(need) / sizeof(need[0]); i++) {
-		const void *fn;
-
-		memcpy(&fn, (const char *)drv + need[i].off, sizeof(fn));
-		if ((cfg->ops & need[i].opf) && !fn)
+		if ((cfg->ops & need[i].opf) && !need[i].have)
 			return hybd__err(-EINVAL,
 					 "operation %s is enabled but the driver has no %s handler",
 					 hybd_opf_name(need[i].opf),
