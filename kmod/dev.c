@@ -20,8 +20,6 @@
 
 #include "hybd.h"
 
-#define HYBD_MAX_DEV_SIZE	(1ULL << 50)	/* 1 PiB */
-
 static const struct block_device_operations hybd_bdev_fops = {
 	.owner		= THIS_MODULE,
 };

@@ -17,7 +17,7 @@ struct class *hybd_class;
 dev_t hybd_srv_devt;
 bool hybd_bpf_ready;
 
-static DEFINE_XARRAY(hybd_devs);
+static DEFINE_XARRAY_ALLOC(hybd_devs);
 static DEFINE_MUTEX(hybd_devs_lock);
 
 /**

@@ -274,10 +274,16 @@ static long hybd_srv_io(struct hybd_dev *dev, struct hybd_srv_io __user *arg)
 	}
 	if (READ_ONCE(q->dead))
 		return -ENODEV;
-	WRITE_ONCE(q->kicked, false);
 
+	/*
+	 * Only the worker (WAIT) consumes: a commit from another thread must
+	 * not make the worker's next wait miss submissions it never saw.
+	 */
 	io.sq_tail = READ_ONCE(q->sq_published);
-	WRITE_ONCE(q->sq_returned, io.sq_tail);
+	if (io.flags & HYBD_SRV_IO_WAIT) {
+		WRITE_ONCE(q->kicked, false);
+		WRITE_ONCE(q->sq_returned, io.sq_tail);
+	}
 	if (put_user(io.sq_tail, &arg->sq_tail))
 		return -EFAULT;
 	return done;

@@ -42,6 +42,7 @@
 #define HYBD_MAX_IO_BYTES	(1U << 20)	/* per request, per tag buffer */
 #define HYBD_MAX_QUEUE_BUF	(256U << 20)	/* depth * max_io per queue */
 #define HYBD_MAX_POLL_NS	1000000U	/* 1 ms */
+#define HYBD_MAX_DEV_SIZE	(1ULL << 50)	/* 1 PiB */
 #define HYBD_DEV_ID_ANY		((__u32)-1)
 
 /*
@@ -57,7 +58,12 @@
 /* BPF fast path (struct hybd_ops) can be attached to a device */
 #define HYBD_F_BPF		(1ULL << 3)
 
-/* Supported operations (hybd_param_basic.ops). READ is mandatory. */
+/*
+ * Supported operations (hybd_param_basic.ops).  READ is mandatory; a
+ * device without WRITE is read-only and offers nothing but READ.  FLUSH
+ * and FUA exist only with a volatile write cache, and a write cache needs
+ * FLUSH (the kernel could otherwise never make data durable).
+ */
 #define HYBD_OPF_READ		(1U << 0)
 #define HYBD_OPF_WRITE		(1U << 1)
 #define HYBD_OPF_FLUSH		(1U << 2)	/* needs HYBD_DEV_F_WRITE_CACHE */
@@ -90,6 +96,9 @@ struct hybd_param_basic {
 	__u64	reserved[4];
 };
 
+/* Only with HYBD_OPF_DISCARD or HYBD_OPF_WRITE_ZEROES; byte limits are
+ * multiples of logical_bs, the granularity a power of two >= logical_bs.
+ */
 struct hybd_param_discard {
 	__u32	max_discard_bytes;	/* 0: default (max multiple of lbs < 4 GiB) */
 	__u32	discard_granularity;	/* 0: logical_bs; else power of two */
@@ -347,8 +356,11 @@ struct hybd_srv_info {
  * HYBD_SRV_IO: commit the completions posted in queue q's cq, then (with
  * HYBD_SRV_IO_WAIT) busy-poll for poll_ns and sleep until the kernel has
  * published submissions or someone kicks the queue.
- * Returns >= 0 on success: the number of completions accepted.  sq_tail is
- * then the new limit to consume to.  -ENODEV once the device is dead or
+ * Returns >= 0 on success: the number of completions accepted, and sq_tail,
+ * the limit to consume to.  Only a call with HYBD_SRV_IO_WAIT marks the
+ * submissions up to sq_tail as seen (the next wait sleeps until there are
+ * newer ones); a plain commit, e.g. from a thread completing asynchronously,
+ * does not.  -ENODEV once the device is dead or
  * deleted, -EINTR on a signal.
  */
 struct hybd_srv_io {
