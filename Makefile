@@ -26,7 +26,7 @@ export Q V
 
 .PHONY: all deps kmod lib tools examples bpf test bench demo clean check unit
 
-all: kmod lib tools examples
+all: kmod lib tools examples bpf
 
 deps:
 	$(Q)./tools/deps.sh
@@ -43,6 +43,10 @@ tools: lib
 examples: lib
 	$(Q)$(MAKE) -C examples/ramdisk
 	$(Q)$(MAKE) -C tests/helpers
+
+bpf:
+	$(Q)$(MAKE) -C bpf
+	$(Q)if [ -f tests/bpf/Makefile ]; then $(MAKE) -C tests/bpf; fi
 
 # The unit tests of pure user-space code run on the host; everything that
 # needs the module runs in one guest boot (tools/vm-run).
@@ -72,3 +76,5 @@ clean:
 	$(Q)$(MAKE) -C examples/ramdisk clean
 	$(Q)$(MAKE) -C tests/helpers clean
 	$(Q)$(MAKE) -C tests/unit clean
+	$(Q)$(MAKE) -C bpf clean
+	$(Q)if [ -f tests/bpf/Makefile ]; then $(MAKE) -C tests/bpf clean; fi
