@@ -188,7 +188,11 @@ static blk_status_t hybd_queue_rq(struct blk_mq_hw_ctx *hctx,
 		.queue	= q->id,
 		.tag	= tag,
 	};
-	ret = hybd_bpf_submit(q, t);
+	/* a dead device fails everything, the fast path included */
+	if (READ_ONCE(q->dead))
+		ret = HYBD_BPF_PASS;
+	else
+		ret = hybd_bpf_submit(q, t);
 	if (ret != HYBD_BPF_PASS)
 		return hybd_end_fast(q, rq, t, ret, bd->last);
 
