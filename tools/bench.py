@@ -484,11 +484,12 @@ SETUP = {"nullblk": setup_nullblk, "nbd": setup_nbd}
 
 # -------------------------------------------------------------------- fio ---
 
-def fio_cmd(dev, mode, args):
+def fio_cmd(dev, mode, args, runtime=None):
     cmd = ["fio", "--output-format=json", "--name=" + mode,
            "--filename=" + dev, "--rw=randread", f"--bs={BS}", "--direct=1",
            "--size=" + str(args.region), "--offset=0", "--time_based",
-           f"--runtime={args.runtime}", "--norandommap", "--randrepeat=0",
+           f"--runtime={runtime or args.runtime}", "--norandommap",
+           "--randrepeat=0",
            "--invalidate=0", "--percentile_list=50:99:99.9",
            # a thread, no disk stats: under TCG a forked job and the
            # disk_util thread cost seconds of start-up per run
@@ -524,8 +525,8 @@ def parse_fio(text):
             "runtime_ms": rd["runtime"]}
 
 
-def fio_run(line, mode, args):
-    cmd = fio_cmd(line.dev, mode, args)
+def fio_run(line, mode, args, runtime=None):
+    cmd = fio_cmd(line.dev, mode, args, runtime)
     before = hybd_stats(line.dev) if line.hybd else None
     t0 = time.monotonic()
     res = run(cmd, timeout=args.runtime * 10 + 120, check=False)
@@ -721,7 +722,9 @@ def meta(args):
             "kernel": platform.release(), "cpus": os.cpu_count(),
             "cpu_model": cpu, "mem_mib": mem,
             "accel": guest_accel(args.results), "fio": fio,
-            "hybd_srcversion": read_text("/sys/module/hybd/srcversion"),
+            "hybd_srcversion": read_text("/sys/module/hybd/srcversion") or
+            (run(["modinfo", "-F", "srcversion", KMOD],
+                 check=False).stdout.strip() or None),
             "argv": sys.argv[1:]}
 
 
@@ -740,6 +743,9 @@ def parse_args():
                     help="fio runs per line and queue depth (default 4)")
     ap.add_argument("--runtime", type=int, default=3,
                     help="seconds per fio run (default 3)")
+    ap.add_argument("--warmup", type=int, default=1,
+                    help="seconds of QD1 per line before the first round, "
+                         "not counted (default 1; 0: none)")
     ap.add_argument("--only", type=parse_lines, default=list(LINES),
                     help="comma-separated lines to run (default: all)")
     ap.add_argument("--skip", type=parse_lines, default=[],
@@ -754,8 +760,8 @@ def parse_args():
                     help="directory for bench.json and bench.png "
                          "(default $HYBD_RESULTS, else results/)")
     args = ap.parse_args()
-    if args.samples < 1 or args.runtime < 1:
-        ap.error("--samples and --runtime must be >= 1")
+    if args.samples < 1 or args.runtime < 1 or args.warmup < 0:
+        ap.error("--samples and --runtime must be >= 1, --warmup >= 0")
     if args.region % BS or args.region <= 0:
         ap.error("--region must be a positive multiple of 4K")
     if args.ramdisk_size < args.region:
@@ -780,6 +786,14 @@ class Context:
 def measure(lines, args):
     """Every line, every mode, args.samples rounds, round-robin."""
     live = [ln for ln in lines.values() if ln.dev]
+    if args.warmup and live:
+        # the first fio run of a boot is slow and noisy (cold caches)
+        say(f"warm-up: {args.warmup}s of QD1 on each line, not counted")
+        for line in live:
+            try:
+                fio_run(line, "qd1", args, runtime=args.warmup)
+            except BenchError as e:
+                say(f"warm-up {line.key}: {e}")
     total = args.samples * len(MODES) * len(live)
     n = 0
     for rnd in range(args.samples):
@@ -826,7 +840,7 @@ def main():
     ctx = Context(args, tmp)
     status = 0
     t0 = time.monotonic()
-    info = meta(args)
+    info = None
     say(f"{platform.release()}, {os.cpu_count()} CPUs; lines: "
         f"{','.join(lines)}; {args.samples} samples x {args.runtime}s, "
         f"region {args.region >> 20} MiB")
@@ -848,6 +862,7 @@ def main():
             except BenchError as e:
                 line.dev, line.error = None, str(e)
                 say(f"{line.key}: NOT MEASURED: {e}")
+        info = meta(args)
         measure(lines, args)
         for line in lines.values():
             if line.hybd and line.dev:
@@ -866,6 +881,7 @@ def main():
         ctx.cleanup.run()
         shutil.rmtree(tmp, ignore_errors=True)
 
+    info = info or meta(args)
     summary = {k: summarize(ln) for k, ln in lines.items()
                if median_of(ln.runs["qd1"], "mean_us") is not None}
     targets = evaluate_targets(lines, summary)
