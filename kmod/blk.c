@@ -110,6 +110,9 @@ static bool hybd_publish(struct hybd_queue *q)
 {
 	if (q->sq_published == q->sq_tail)
 		return false;
+	/* descriptors and slots before the tail: pairs with the server's
+	 * load-acquire of sq_tail
+	 */
 	smp_store_release(&q->hdr->sq_tail, q->sq_tail);
 	WRITE_ONCE(q->sq_published, q->sq_tail);
 	return true;
@@ -121,6 +124,7 @@ static bool hybd_publish(struct hybd_queue *q)
  */
 static void hybd_kick_worker(struct hybd_queue *q)
 {
+	/* order the publish before reading need_wakeup */
 	smp_mb();
 	if (READ_ONCE(q->need_wakeup))
 		wake_up(&q->wq);

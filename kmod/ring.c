@@ -156,6 +156,7 @@ static int hybd_queue_commit(struct hybd_queue *q)
 			spin_unlock(&q->lock);
 			break;
 		}
+		/* entries before the tail: pairs with the server's release */
 		tail = smp_load_acquire(&q->hdr->cq_tail);
 		avail = tail - q->cq_head;
 		if (avail > q->dev->ring_entries) {
@@ -322,6 +323,7 @@ static long hybd_srv_kick(struct hybd_dev *dev, unsigned long queue)
 		return -EINVAL;
 	q = &dev->queues[queue];
 	WRITE_ONCE(q->kicked, true);
+	/* kicked before the waiter's condition check in wake_up_all() */
 	smp_mb();
 	wake_up_all(&q->wq);
 	return 0;
