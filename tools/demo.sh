@@ -140,11 +140,15 @@ run_fio() {
 		--invalidate=0 --thread --disk_util=0 >"$TMP/$name.log" 2>&1 &
 	FIO_PID=$!
 	last=$(awk '{ print $1 }' "$stat")
-	while kill -0 "$FIO_PID" 2>/dev/null; do
-		sleep 1
-		t=$((t + 1))
+	# the clock starts with the first reads: fio takes a while to start
+	while sleep 1 && kill -0 "$FIO_PID" 2>/dev/null; do
 		now=$(awk '{ print $1 }' "$stat")
-		kill -0 "$FIO_PID" 2>/dev/null &&
+		if [ "$now" = "$last" ] && [ $t = 0 ]; then
+			printf 'demo:   fio %-8s starting\n' "$name"
+			continue
+		fi
+		t=$((t + 1))
+		[ $t -le "$RUNTIME" ] &&
 			printf 'demo:   fio %-8s %3ds/%ds  %7d reads/s\n' "$name" \
 				"$t" "$RUNTIME" $((now - last))
 		last=$now
