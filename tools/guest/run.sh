@@ -55,7 +55,7 @@ load_module() {
 		say "FAILED: /dev/hybd-control did not appear after insmod"
 		return 1
 	fi
-	say "loaded $KMOD${ver:+ version $ver}, srcversion $(cat /sys/module/hybd/srcversion 2>/dev/null)"
+	say "loaded $KMOD${ver:+ version $ver}"
 }
 
 run_tests() {
@@ -77,8 +77,11 @@ final_checks() {
 	left=$(pgrep -a -f 'examples/ramdisk/ramdisk|tests/helpers/badserver' || true)
 	[ -z "$left" ] || say "warning: servers still running after the run:"$'\n'"$left"
 	if [ -x "$REPO/tools/hybdctl" ] && [ -e /dev/hybd-control ]; then
-		out=$(timeout 30 "$REPO/tools/hybdctl" list 2>&1)
-		[ -z "$out" ] || say "devices left after the run:"$'\n'"$out"
+		out=$(timeout 30 "$REPO/tools/hybdctl" list --json 2>&1)
+		case $out in
+		\[\]|'') ;;
+		*) say "devices left after the run: $out" ;;
+		esac
 	fi
 
 	if [ -d /sys/module/hybd ]; then
