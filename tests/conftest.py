@@ -12,6 +12,7 @@ import os
 
 import pytest
 
+import hybd_uapi as uapi
 import hybdlib
 import klog
 from hybdlib import (BADSERVER, CONTROL, RAMDISK, Server, need_built,
@@ -84,12 +85,19 @@ class _Servers:
             srv.cleanup()
             if srv.alive():
                 stuck.append(f"{srv.cmd[0]} (pid {srv.pid}) would not die")
-        for srv in self.servers:
-            if srv.id is not None and hybdlib.HYBDCTL.exists():
-                # usually gone already (ENODEV); a dead device is deleted here
-                hybdlib.run([hybdlib.HYBDCTL, "del", str(srv.id)],
-                            timeout=hybdlib.T_CMD)
+        # usually gone already (ENODEV); a dead device is deleted here
+        _delete_quietly(srv.id for srv in self.servers if srv.id is not None)
         return stuck
+
+
+def _delete_quietly(ids):
+    """Delete devices with HYBD_CTL_DEL directly (teardown must not depend
+    on the CLI), ignoring those already gone."""
+    if not os.path.exists(CONTROL):
+        return
+    with uapi.Control() as ctl:
+        for dev_id in ids:
+            uapi.delete(ctl, dev_id)
 
 
 @pytest.fixture
@@ -128,8 +136,7 @@ def added_devices():
     deleted at teardown."""
     ids = []
     yield ids
-    for dev_id in ids if hybdlib.HYBDCTL.exists() else ():
-        hybdlib.run([hybdlib.HYBDCTL, "del", str(dev_id)], timeout=hybdlib.T_CMD)
+    _delete_quietly(ids)
 
 
 @pytest.fixture
