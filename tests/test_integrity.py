@@ -1,0 +1,182 @@
+# SPDX-License-Identifier: GPL-2.0
+"""Data integrity through the slow path: every byte written comes back,
+over every hardware queue and request size; discard, write-zeroes, flush
+and FUA reach the server and do what they say."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+import hybd_uapi as uapi
+from hybdlib import (assert_data, direct_write, fio, info, need_tool,
+                     pattern, run, sysfs_queue)
+
+MiB = 1 << 20
+CPUS = os.cpu_count() or 1
+# blk-mq maps CPUs to hardware queues; with as many queues as CPUs and fio's
+# jobs split over the CPUs, every queue carries I/O.
+QUEUES = max(2, CPUS)
+JOBS = 2 * QUEUES
+
+
+def stats(dev):
+    return info(dev)["stats"]
+
+
+def per_queue_done(dev_id):
+    with uapi.Control() as ctl:
+        e, queues = uapi.queue_stats(ctl, dev_id)
+    assert e == 0, f"HYBD_CTL_STATS: {uapi.errname(e)}"
+    return [q["slow_done"] for q in queues]
+
+
+def io_uring_usable():
+    try:
+        return Path("/proc/sys/kernel/io_uring_disabled").read_text().strip() == "0"
+    except OSError:
+        return True
+
+
+# (block size, bytes per job): a few hundred requests per job either way
+SIZES = [(512, "512K"), (4096, "2M"), (64 << 10, "8M"), (1 << 20, "16M")]
+
+
+@pytest.mark.parametrize("iodepth", [1, 32], ids=["qd1", "qd32"])
+@pytest.mark.parametrize("bs,per_job", SIZES, ids=["512", "4k", "64k", "1m"])
+def test_fio_verify_random_rw_over_all_queues(ramdisk, bs, per_job, iodepth):
+    need_tool("fio")
+    engine = "libaio"
+    if iodepth > 1 and io_uring_usable():
+        engine = "io_uring"
+    srv = ramdisk(size=f"{JOBS * 16}M", queues=QUEUES, depth=32,
+                  max_io="1M", lbs=512 if bs == 512 else 4096)
+    before = stats(srv.dev)
+
+    rc, data, res = fio([
+        "--name=verify", f"--filename={srv.dev}", "--direct=1",
+        f"--ioengine={engine}", f"--iodepth={iodepth}", "--rw=randrw",
+        f"--bs={bs}", f"--size={per_job}", f"--offset_increment={per_job}",
+        f"--numjobs={JOBS}", "--verify=crc32c", "--verify_fatal=1",
+        "--do_verify=1", f"--cpus_allowed=0-{CPUS - 1}",
+        "--cpus_allowed_policy=split",
+    ])
+    assert rc == 0, f"fio exit {rc}\n{res.stderr}\n{res.stdout[-3000:]}"
+    assert data is not None, f"fio printed no JSON\n{res.stdout[-3000:]}"
+    jobs = data["jobs"]
+    assert len(jobs) == JOBS
+    for j in jobs:
+        assert j["error"] == 0, f"job error {j['error']}"
+        # the verify pass reads back every block the job wrote
+        assert j["write"]["total_ios"] > 0
+        assert j["read"]["total_ios"] >= j["write"]["total_ios"]
+
+    after = stats(srv.dev)
+    ios = sum(j["read"]["total_ios"] + j["write"]["total_ios"] for j in jobs)
+    assert after["slow_done"] - before["slow_done"] >= ios // 2, (before, after)
+    assert after["writes"] > before["writes"] and after["reads"] > before["reads"]
+    assert after["slow_errors"] == before["slow_errors"]
+    done = per_queue_done(srv.id)
+    assert len(done) == QUEUES
+    assert all(d > 0 for d in done), f"a hardware queue carried no I/O: {done}"
+
+    counters = srv.stop()
+    assert counters is not None, srv.output()
+    assert counters["reads"] > 0 and counters["writes"] > 0, counters
+
+
+def test_discard_reads_back_zeros_and_spares_the_rest(ramdisk):
+    blkdiscard = need_tool("blkdiscard")
+    srv = ramdisk(size="16M")
+    assert int(sysfs_queue(srv.dev, "discard_max_bytes")) > 0
+    data = pattern("discard", 8 * MiB)
+    direct_write(srv.dev, 0, data)
+    before = stats(srv.dev)
+
+    run([blkdiscard, "-o", str(2 * MiB), "-l", str(4 * MiB), srv.dev],
+        check=True)
+
+    assert_data(srv.dev, 2 * MiB, bytes(4 * MiB), "discarded range")
+    assert_data(srv.dev, 0, data[:2 * MiB], "before the discarded range")
+    assert_data(srv.dev, 6 * MiB, data[6 * MiB:], "after the discarded range")
+    assert stats(srv.dev)["discards"] > before["discards"]
+    counters = srv.stop()
+    assert counters["discards"] > 0, counters
+
+
+def test_write_zeroes_reads_back_zeros_and_spares_the_rest(ramdisk):
+    blkdiscard = need_tool("blkdiscard")
+    srv = ramdisk(size="16M")
+    assert int(sysfs_queue(srv.dev, "write_zeroes_max_bytes")) > 0
+    data = pattern("zeroes", 8 * MiB)
+    direct_write(srv.dev, 0, data)
+    before = stats(srv.dev)
+
+    run([blkdiscard, "-z", "-o", str(1 * MiB), "-l", str(3 * MiB), srv.dev],
+        check=True)
+
+    assert_data(srv.dev, 1 * MiB, bytes(3 * MiB), "zeroed range")
+    assert_data(srv.dev, 0, data[:1 * MiB], "before the zeroed range")
+    assert_data(srv.dev, 4 * MiB, data[4 * MiB:], "after the zeroed range")
+    # the op itself reached the server, not a write of zero pages
+    assert stats(srv.dev)["write_zeroes"] > before["write_zeroes"]
+    counters = srv.stop()
+    assert counters["write_zeroes"] > 0, counters
+
+
+def fsync_writes(dev, size=1 * MiB):
+    """Buffered writes with fio, each followed by fsync."""
+    rc, data, res = fio([
+        "--name=fsync", f"--filename={dev}", "--rw=write", "--bs=4k",
+        f"--size={size}", "--ioengine=psync", "--fsync=1",
+    ])
+    assert rc == 0, f"fio exit {rc}\n{res.stderr}\n{res.stdout[-2000:]}"
+
+
+def test_fsync_reaches_the_server_as_flush(ramdisk):
+    need_tool("fio")
+    srv = ramdisk(size="16M")
+    before = stats(srv.dev)
+    fsync_writes(srv.dev)
+    assert stats(srv.dev)["flushes"] > before["flushes"]
+
+    # what a buffered write + fsync left is on the device
+    data = pattern("fsync", 64 << 10)
+    fd = os.open(srv.dev, os.O_WRONLY)
+    try:
+        os.pwrite(fd, data, 4 * MiB)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    assert_data(srv.dev, 4 * MiB, data, "after fsync")
+
+    counters = srv.stop()
+    assert counters["flushes"] > 0, counters
+
+
+def test_dsync_direct_write_reaches_the_server_as_fua(ramdisk):
+    srv = ramdisk(size="16M")
+    assert sysfs_queue(srv.dev, "fua") == "1"
+    before = stats(srv.dev)
+    data = pattern("fua", 256 << 10)
+    # O_DIRECT|O_DSYNC on a block device with a write cache sets REQ_FUA
+    direct_write(srv.dev, MiB, data, os.O_DSYNC)
+    assert stats(srv.dev)["fua"] > before["fua"]
+    assert_data(srv.dev, MiB, data, "FUA write")
+    counters = srv.stop()
+    assert counters["fua"] > 0, counters
+
+
+def test_write_through_device_gets_no_flush_nor_fua(ramdisk):
+    need_tool("fio")
+    srv = ramdisk(size="16M", no_write_cache=True)
+    fsync_writes(srv.dev, size=256 << 10)
+    data = pattern("wt", 64 << 10)
+    direct_write(srv.dev, MiB, data, os.O_DSYNC)
+    assert_data(srv.dev, MiB, data, "write-through write")
+    s = stats(srv.dev)
+    assert s["flushes"] == 0 and s["fua"] == 0, s
+    assert s["writes"] > 0
+    counters = srv.stop()
+    assert counters["flushes"] == 0 and counters["fua"] == 0, counters
+
