@@ -205,6 +205,27 @@ int hybd_ctl_info(uint32_t id, struct hybd_dev_info *info)
 	return ret < 0 ? ret : 0;
 }
 
+int hybd_ctl_stats(uint32_t id, struct hybd_ctl_stats *st,
+		   struct hybd_queue_stat *queues, uint32_t room)
+{
+	int ret;
+
+	if (!st || (room && !queues))
+		return hybd__err(-EINVAL, "hybd_ctl_stats: no buffer");
+	memset(st, 0, sizeof(*st));
+	st->len = sizeof(*st);
+	st->dev_id = id;
+	st->queue_room = room;
+	st->queues = (uintptr_t)queues;
+	ret = ctl_ioctl(HYBD_CTL_STATS, "HYBD_CTL_STATS", id, st, 0);
+	if (ret < 0)
+		return ret;
+	if (st->nr_queues > INT32_MAX)
+		return hybd__err(-EOVERFLOW, "HYBD_CTL_STATS: absurd queue count %u",
+				 st->nr_queues);
+	return st->nr_queues;
+}
+
 /* HYBD_CTL_DEL that leaves the message alone (to undo a half-made device). */
 int hybd__ctl_del(uint32_t id)
 {

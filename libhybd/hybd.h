@@ -32,7 +32,7 @@ extern "C" {
 #endif
 
 #define HYBD_LIB_VERSION_MAJOR	1
-#define HYBD_LIB_VERSION_MINOR	0
+#define HYBD_LIB_VERSION_MINOR	1
 
 /* A device served by this process (opaque). */
 struct hybd_dev;
@@ -233,6 +233,19 @@ int hybd_ctl_list(uint32_t *ids, uint32_t room);
 int hybd_ctl_info(uint32_t id, struct hybd_dev_info *info);
 
 /*
+ * hybd_ctl_stats - the device's counters and latency histograms.
+ *
+ * Fills @st with the totals over all hardware queues (st->total) and the
+ * number of queues (st->nr_queues); stores up to @room per-queue entries in
+ * @queues (which may be NULL if @room is 0).  Counters only grow while the
+ * device exists; subtract two snapshots for rates.
+ * RETURN VALUE: the number of hardware queues, which may exceed @room, or
+ * -errno (-ENODEV: no such device).
+ */
+int hybd_ctl_stats(uint32_t id, struct hybd_ctl_stats *st,
+		   struct hybd_queue_stat *queues, uint32_t room);
+
+/*
  * hybd_ctl_del - delete device @id.  A served device is drained through its
  * server first; its workers then exit.  RETURN VALUE: 0 or -errno.
  */
@@ -244,6 +257,102 @@ int hybd_ctl_del(uint32_t id);
  * RETURN VALUE: 0 and *@id_out set (if not NULL), or -errno.
  */
 int hybd_ctl_add(const struct hybd_config *cfg, uint32_t *id_out);
+
+/*
+ * The BPF fast path.
+ *
+ * A fast path is a .bpf.o built against bpf/hybd.bpf.h: one struct
+ * hybd_bpf_ops (HYBD_OPS_DEFINE) and the maps its callbacks use.  Attaching
+ * opens the object, sets the ops' dev_id, loads it (the kernel's verifier
+ * checks every program) and attaches it to the device through a BPF link.
+ * Any number of programs may be loaded, one is attached per device.
+ *
+ * The program lives as long as its link: by default that is the
+ * struct hybd_bpf handle (hybd_bpf_close() or the process's exit detaches
+ * it).  With HYBD_BPF_F_PIN the link and the maps are pinned under
+ * /sys/fs/bpf/hybd/<id>/ (link, maps/<name>) and outlive the process, which
+ * is what `hybdctl attach` does; bpffs is mounted there if it is not.
+ *
+ * A failed load leaves the verifier's verdict in hybd_errmsg(): a first
+ * line naming the program refused and the verifier's reason, then libbpf's
+ * messages with the end of the verifier log (its start is cut if the whole
+ * does not fit in the message's 4 KiB).
+ */
+
+/* A loaded fast path and its link (opaque). */
+struct hybd_bpf;
+
+/* hybd_bpf_attach() flags */
+/* pin link and maps under /sys/fs/bpf/hybd/<id>/: they outlive the process */
+#define HYBD_BPF_F_PIN		(1U << 0)
+/*
+ * with HYBD_BPF_F_PIN: swap the new program into the device's pinned link
+ * atomically (bpf_link_update: every request sees the old program or the
+ * new one, none is lost).  -ENOENT if the device has no pinned program.
+ */
+#define HYBD_BPF_F_REPLACE	(1U << 1)
+
+/*
+ * hybd_bpf_attach - load @path and attach it to device @dev_id.
+ *
+ * @flags: HYBD_BPF_F_*.  Checks first that the module is loaded, offers
+ * HYBD_F_BPF and has BTF (else "kernel too old", "no BTF for the hybd
+ * module", ...).  On success *@bp is a handle for the maps and for
+ * hybd_bpf_replace(), hybd_bpf_detach() and hybd_bpf_close().
+ *
+ * RETURN VALUE: 0, or -errno: -ENOENT (module not loaded, no such file,
+ * nothing to replace), -ENODEV (no such device), -EBUSY (the device has a
+ * fast path already, or one that is not pinned and cannot be replaced),
+ * -EACCES or -EINVAL (the verifier refused a program: see hybd_errmsg()),
+ * -EOPNOTSUPP (no BPF support in this kernel or module).
+ */
+int hybd_bpf_attach(uint32_t dev_id, const char *path, unsigned int flags,
+		    struct hybd_bpf **bp);
+
+/*
+ * hybd_bpf_replace - swap the program of @b's link for the one in @path,
+ * atomically (requests see the old program or the new one).  The old
+ * program's maps are dropped (pinned ones are replaced by the new ones).
+ * RETURN VALUE: 0, or -errno (@b unchanged, the old program still runs).
+ */
+int hybd_bpf_replace(struct hybd_bpf *b, const char *path);
+
+/*
+ * hybd_bpf_detach - detach @b's program and free @b, pinned or not.  The
+ * kernel stops calling the program before this returns.
+ * RETURN VALUE: 0, or -errno (@b is freed in every case).
+ */
+int hybd_bpf_detach(struct hybd_bpf *b);
+
+/*
+ * hybd_bpf_close - free @b.  An unpinned program is detached with it; a
+ * pinned one stays attached (hybd_bpf_detach_pinned() removes it).
+ */
+void hybd_bpf_close(struct hybd_bpf *b);
+
+/*
+ * hybd_bpf_detach_pinned - remove the pinned fast path of device @dev_id
+ * (what `hybdctl detach` does), from any process.  Returns once the kernel
+ * has stopped calling the program (or after a few seconds).
+ * RETURN VALUE: 0, or -ENOENT if nothing is pinned for the device (a pin
+ * left from an earlier device with that id is removed too), -errno.
+ */
+int hybd_bpf_detach_pinned(uint32_t dev_id);
+
+/*
+ * hybd_bpf_map_fd - fd of the program's map @name (as in the .bpf.c), for
+ * bpf_map_lookup_elem() & co.: the slow path shares state with the fast
+ * path this way.  The fd belongs to @b: do not close it.
+ * RETURN VALUE: the fd, or -ENOENT.
+ */
+int hybd_bpf_map_fd(struct hybd_bpf *b, const char *name);
+
+/*
+ * hybd_bpf_map_open_pinned - open the map @name of the fast path pinned
+ * for device @dev_id (HYBD_BPF_F_PIN), from any process.
+ * RETURN VALUE: a new fd, which the caller closes, or -errno.
+ */
+int hybd_bpf_map_open_pinned(uint32_t dev_id, const char *name);
 
 /*
  * Parsing helpers for command lines.
@@ -282,6 +391,8 @@ const char *hybd_opf_name(uint32_t opf);
  * hybd_errmsg - what went wrong in the last failed hybd_* call of the
  * calling thread, e.g. "logical block size 1000: must be a power of two
  * between 512 and 4096".  Does not include strerror() of the errno.
+ * One line, but after a failed BPF load, where the lines after the first
+ * carry libbpf's and the verifier's messages.
  * RETURN VALUE: a thread-local string, overwritten by the next failure.
  */
 const char *hybd_errmsg(void);

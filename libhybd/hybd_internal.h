@@ -97,6 +97,9 @@ int hybd__ctl_del(uint32_t id);
 int hybd__config_to_params(const struct hybd_config *cfg,
 			   struct hybd_params *p);
 
+/* bpf.c */
+size_t hybd__bpf_log_condense(char *out, size_t size, const char *log);
+
 /* queue.c */
 int hybd__queue_init(struct hybd_queue *q, struct hybd_dev *dev,
 		     unsigned int id, void *area, size_t size,
