@@ -110,6 +110,7 @@ main() {
 	local rc=0
 
 	FINAL_FAILED=0
+	: >"$RUNDIR/started"	# from here on nothing is retried
 	say "$(uname -r), $(nproc) vCPUs, $(awk '/MemTotal/ { print int($2 / 1024) }' /proc/meminfo) MiB, $ACCEL, up $(cut -d' ' -f1 /proc/uptime)s"
 
 	dmesg --follow >"$RUNDIR/kmsg.log" 2>&1 &
