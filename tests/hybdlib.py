@@ -357,10 +357,15 @@ class Server:
         except subprocess.TimeoutExpired:
             state, stack = state_of(self.proc.pid), stack_of(self.proc.pid)
             reap(self.proc)
-            pytest.fail(f"{self.cmd[0]} did not exit {timeout}s after the signal "
+            pytest.fail(f"{self.cmd[0]} did not exit within {timeout}s "
                         f"(state {state}), kernel stack:\n{stack}", pytrace=False)
         for t in self._threads:
             t.join(timeout=5)
+
+    def wait(self, timeout=T_STOP):
+        """Wait for the process to exit by itself; its exit status."""
+        self._finish(timeout)
+        return self.proc.returncode
 
     def stop(self, timeout=T_STOP):
         """SIGTERM, wait; the server must delete its device and exit 0.

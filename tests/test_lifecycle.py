@@ -190,3 +190,21 @@ def test_del_while_device_is_open_fails_its_io_and_frees_it(ramdisk):
     finally:
         os.close(fd)
     assert srv.id not in device_ids()
+
+
+def test_del_of_a_served_device_ends_its_server(ramdisk):
+    other = ramdisk(size="16M")
+    keep = pattern("other", MiB)
+    direct_write(other.dev, 0, keep)
+    srv = ramdisk(size="16M")
+    direct_write(srv.dev, 0, pattern("served", MiB))
+
+    rc, _, err = del_device(srv.dev)
+    assert rc == 0, err
+    wait_for(lambda: not os.path.exists(srv.dev), 10, f"{srv.dev} to disappear")
+    assert srv.id not in device_ids()
+    # the server learns it from its queues (-ENODEV) and exits by itself
+    assert srv.wait(30) == 1, srv.output()
+    assert "deleted underneath" in "".join(srv.err), srv.output()
+
+    assert_data(other.dev, 0, keep, "the other ramdisk")
