@@ -482,6 +482,19 @@ def setup_hybd(line, ctx):
 SETUP = {"nullblk": setup_nullblk, "nbd": setup_nbd}
 
 
+def no_scheduler(dev):
+    """Every line without an I/O scheduler: single-queue devices (nbd) get
+    mq-deadline by default, multi-queue ones none.  Returns the setting."""
+    path = Path(f"/sys/block/{os.path.basename(dev)}/queue/scheduler")
+    try:
+        path.write_text("none")
+        now = path.read_text()
+    except OSError as e:
+        raise BenchError(f"{path}: {e.strerror}") from None
+    m = re.search(r"\[(\S+)\]", now)
+    return m.group(1) if m else now.strip()
+
+
 # -------------------------------------------------------------------- fio ---
 
 def fio_cmd(dev, mode, args, runtime=None):
@@ -858,6 +871,7 @@ def main():
                 if line.hybd and hybd_missing:
                     raise BenchError(hybd_missing)
                 (SETUP.get(line.key) or setup_hybd)(line, ctx)
+                line.info["scheduler"] = no_scheduler(line.dev)
                 say(f"{line.key}: {line.dev}")
             except BenchError as e:
                 line.dev, line.error = None, str(e)
