@@ -565,7 +565,9 @@ static uint32_t link_id_of(int fd)
 /*
  * The pinned link of @dev_id: an fd (*@id its link id), or -errno.  A pin
  * whose link is not the device's current one is a leftover (of a device
- * deleted since, whose id was reused): it is removed, and -ENOENT.
+ * deleted since, whose id was reused): it is removed, and -ENOENT.  A
+ * kernel that reports link id 0 (it read the id before the link had one)
+ * is taken at its word that a program is attached.
  */
 static int pinned_link(uint32_t dev_id, uint32_t *id)
 {
@@ -583,7 +585,8 @@ static int pinned_link(uint32_t dev_id, uint32_t *id)
 		close(fd);
 		return ret;
 	}
-	if (!*id || ret || info.bpf_link_id != *id) {
+	if (!*id || ret || !info.bpf_name[0] ||
+	    (info.bpf_link_id && info.bpf_link_id != *id)) {
 		close(fd);
 		hybd_bpf_unpin_all(dev_id);
 		return -ENOENT;
@@ -603,8 +606,8 @@ static void wait_released(uint32_t dev_id, uint32_t link_id)
 	int i;
 
 	for (i = 0; link_id && i < HYBD_DETACH_WAIT_MS / 10; i++) {
-		if (hybd_ctl_info(dev_id, &info) ||
-		    info.bpf_link_id != link_id)
+		if (hybd_ctl_info(dev_id, &info) || !info.bpf_name[0] ||
+		    (info.bpf_link_id && info.bpf_link_id != link_id))
 			return;
 		nanosleep(&ts, NULL);
 	}
@@ -631,18 +634,25 @@ static int attach_err(uint32_t dev_id, int err)
 	}
 }
 
-/* Message for a replace that finds no pinned program to replace. */
-static int replace_none_err(uint32_t dev_id)
+/*
+ * Message for a replace or detach (@verb) that finds no pinned program:
+ * -EBUSY if the device has one that a process holds, else -ENOENT.
+ */
+static int not_pinned_err(uint32_t dev_id, const char *verb)
 {
 	struct hybd_dev_info info;
+	int ret;
 
-	if (!hybd_ctl_info(dev_id, &info) && info.bpf_link_id)
+	ret = hybd_ctl_info(dev_id, &info);
+	if (ret)
+		return ret;	/* no such device, no module: said already */
+	if (info.bpf_name[0] || info.bpf_link_id)
 		return hybd__err(-EBUSY,
-				 "the fast path of hybd%u (%.*s, link %u) is not pinned: only the process that attached it can replace it",
+				 "the fast path of hybd%u (%.*s, link %u) is not pinned: only the process that attached it can %s it",
 				 dev_id, (int)sizeof(info.bpf_name),
-				 info.bpf_name, info.bpf_link_id);
-	return hybd__err(-ENOENT, "hybd%u has no fast path to replace",
-			 dev_id);
+				 info.bpf_name, info.bpf_link_id, verb);
+	return hybd__err(-ENOENT, "hybd%u has no fast path to %s", dev_id,
+			 verb);
 }
 
 /*
@@ -662,7 +672,7 @@ static int hybd_bpf_swap_pinned(struct hybd_bpf *b)
 
 	fd = pinned_link(b->dev_id, &id);
 	if (fd < 0)
-		return replace_none_err(b->dev_id);
+		return not_pinned_err(b->dev_id, "replace");
 	ret = bpf_link_update(fd, bpf_map__fd(b->ops_map), NULL);
 	ret = ret < 0 ? -errno : 0;
 	close(fd);
@@ -746,7 +756,7 @@ int hybd_bpf_attach(uint32_t dev_id, const char *path, unsigned int flags,
 			goto out_free;
 		}
 		if (fd < 0 && (flags & HYBD_BPF_F_REPLACE)) {
-			ret = replace_none_err(dev_id);
+			ret = not_pinned_err(dev_id, "replace");
 			goto out_free;
 		}
 	}
@@ -754,7 +764,7 @@ int hybd_bpf_attach(uint32_t dev_id, const char *path, unsigned int flags,
 	b->link = bpf_map__attach_struct_ops(b->ops_map);
 	if (b->link && (flags & HYBD_BPF_F_REPLACE)) {
 		/* the program went away since we looked */
-		ret = replace_none_err(dev_id);
+		ret = not_pinned_err(dev_id, "replace");
 		goto out_free;
 	}
 	if (!b->link) {
@@ -824,7 +834,7 @@ int hybd_bpf_replace(struct hybd_bpf *b, const char *path)
 		if (link) {
 			/* the device had lost its program meanwhile */
 			bpf_link__destroy(link);
-			ret = replace_none_err(b->dev_id);
+			ret = not_pinned_err(b->dev_id, "replace");
 		} else if (ret != -EBUSY) {
 			attach_err(b->dev_id, ret);
 		} else {
@@ -881,12 +891,11 @@ int hybd_bpf_detach_pinned(uint32_t dev_id)
 	int fd;
 
 	fd = pinned_link(dev_id, &id);
-	if (fd < 0) {
-		if (fd == -ENOENT)
-			return hybd__err(fd, "hybd%u has no pinned fast path",
-					 dev_id);
-		return fd;
-	}
+	if (fd == -ENOENT)
+		return not_pinned_err(dev_id, "detach");
+	if (fd < 0)
+		return hybd__err(fd, "cannot open the pinned link of hybd%u: %s",
+				 dev_id, strerror(-fd));
 	close(fd);
 	hybd_bpf_unpin_all(dev_id);
 	wait_released(dev_id, id);

@@ -334,8 +334,10 @@ void hybd_bpf_close(struct hybd_bpf *b);
  * hybd_bpf_detach_pinned - remove the pinned fast path of device @dev_id
  * (what `hybdctl detach` does), from any process.  Returns once the kernel
  * has stopped calling the program (or after a few seconds).
- * RETURN VALUE: 0, or -ENOENT if nothing is pinned for the device (a pin
- * left from an earlier device with that id is removed too), -errno.
+ * RETURN VALUE: 0, or -ENOENT if the device has no fast path (a pin left
+ * from an earlier device with that id is removed too), -EBUSY if its fast
+ * path is not pinned (the process that attached it holds it), -ENODEV if
+ * there is no such device, -errno.
  */
 int hybd_bpf_detach_pinned(uint32_t dev_id);
 
