@@ -1,15 +1,19 @@
 // SPDX-License-Identifier: MIT
 /*
- * hybdctl - list, inspect, add and delete hybd devices.
+ * hybdctl - list, inspect, add and delete hybd devices; attach, replace and
+ * detach their BPF fast path; show their counters and latency histograms.
  */
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "hybd.h"
 
@@ -26,6 +30,27 @@ static const char usage_text[] =
 "  add [OPTIONS]           add a device without a server (it stays \"added\")\n"
 "                          and print its id\n"
 "  del DEV                 delete a device (a served one is drained first)\n"
+"  attach PROG.bpf.o DEV [--replace]\n"
+"                          load a BPF fast path and attach it to DEV; link and\n"
+"                          maps are pinned under /sys/fs/bpf/hybd/N/ and stay\n"
+"                          after hybdctl exits.  --replace swaps it for DEV's\n"
+"                          attached program atomically (no request is lost)\n"
+"  detach DEV              detach DEV's fast path (removes the pins; the kernel\n"
+"                          stops calling the program before this returns)\n"
+"  stats DEV [--json] [--per-queue] [--watch SECONDS]\n"
+"                          fast- and slow-path completions, errors, rejected\n"
+"                          completions, requests by kind and both latency\n"
+"                          histograms (from submission to completion, in\n"
+"                          log2 buckets; p50/p99/mean are estimates from them)\n"
+"                          --json       one object: every counter, fast_lat\n"
+"                                       and slow_lat (32 counts, bucket i is\n"
+"                                       [2^i, 2^(i+1)) ns), *_est (p50, p99,\n"
+"                                       mean in ns), queues (--per-queue)\n"
+"                          --per-queue  each hardware queue too\n"
+"                          --watch S    again every S seconds (decimals are\n"
+"                                       fine) with the fast and slow\n"
+"                                       completion rates, until Ctrl-C;\n"
+"                                       with --json one object per line\n"
 "  help, --help            show this help\n"
 "  version, --version      show the version\n"
 "\n"
@@ -47,6 +72,10 @@ static const char usage_text[] =
 "  --max-discard BYTES     discard limit (default: the kernel's)\n"
 "  --discard-granularity BYTES\n"
 "  --max-write-zeroes BYTES\n"
+"\n"
+"info shows the attached fast path (name, link id) and how many times one\n"
+"was attached or replaced.  PROG.bpf.o is built against bpf/hybd.bpf.h;\n"
+"a program the verifier refuses is reported with the end of its log.\n"
 "\n"
 "Exit status: 0 success, 1 the operation failed, 2 usage error.\n";
 
@@ -82,11 +111,30 @@ static const struct {
 
 #define ARRAY_SIZE(a)	(sizeof(a) / sizeof((a)[0]))
 
-/* The operation failed: say what and why, return the exit code. */
+/*
+ * The operation failed: say what and why, return the exit code.  A message
+ * of several lines (a refused BPF program) has its summary first; the
+ * details follow, indented.
+ */
 static int failed(const char *cmd, int err)
 {
-	fprintf(stderr, "hybdctl: %s: %s (%s)\n", cmd, hybd_errmsg(),
+	const char *msg = hybd_errmsg(), *nl = strchr(msg, '\n'), *p;
+
+	if (!nl) {
+		fprintf(stderr, "hybdctl: %s: %s (%s)\n", cmd, msg,
+			strerror(-err));
+		return EXIT_FAILED;
+	}
+	fprintf(stderr, "hybdctl: %s: %.*s (%s)\n", cmd, (int)(nl - msg), msg,
 		strerror(-err));
+	for (p = nl + 1; *p; p = nl + 1) {
+		nl = strchr(p, '\n');
+		if (!nl)
+			nl = p + strlen(p);
+		fprintf(stderr, "  %.*s\n", (int)(nl - p), p);
+		if (!*nl)
+			break;
+	}
 	return EXIT_FAILED;
 }
 
@@ -636,6 +684,527 @@ static int cmd_add(int argc, char **argv)
 	return EXIT_SUCCESS;
 }
 
+/* ------------------------------------------------------------ fast path */
+
+/* "cache (link 12)" of a device's info, or "" if it has no fast path. */
+static void bpf_desc(const struct hybd_dev_info *info, char *buf, size_t size)
+{
+	buf[0] = '\0';
+	if (has_bpf(info))
+		snprintf(buf, size, "%.*s (link %u)",
+			 (int)sizeof(info->bpf_name), info->bpf_name,
+			 info->bpf_link_id);
+}
+
+static int cmd_attach(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "replace", no_argument, NULL, 'r' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	struct hybd_dev_info before, after;
+	unsigned int flags = HYBD_BPF_F_PIN;
+	const char *path;
+	struct hybd_bpf *b;
+	char old[64], now[64];
+	uint32_t id;
+	int c, ret;
+
+	optind = 1;
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'r':
+			flags |= HYBD_BPF_F_REPLACE;
+			break;
+		case 'h':
+			fputs(usage_text, stdout);
+			return EXIT_SUCCESS;
+		default:
+			return usage_error("attach", "unknown option '%s'",
+					   argv[optind - 1]);
+		}
+	}
+	if (argc - optind != 2)
+		return usage_error("attach", "%s",
+				   argc - optind < 2 ?
+				   "wants PROG.bpf.o and DEV" :
+				   "too many arguments");
+	path = argv[optind];
+	if (hybd_parse_dev(argv[optind + 1], &id) < 0)
+		return usage_error("attach", "%s", hybd_errmsg());
+
+	old[0] = '\0';
+	if ((flags & HYBD_BPF_F_REPLACE) && !hybd_ctl_info(id, &before))
+		bpf_desc(&before, old, sizeof(old));
+	ret = hybd_bpf_attach(id, path, flags, &b);
+	if (ret < 0)
+		return failed(flags & HYBD_BPF_F_REPLACE ? "attach --replace" :
+			      "attach", ret);
+	/* pinned: the program stays attached after this handle goes */
+	hybd_bpf_close(b);
+
+	if (hybd_ctl_info(id, &after) || !has_bpf(&after)) {
+		printf("attached %s to /dev/hybd%u\n", path, id);
+		return EXIT_SUCCESS;
+	}
+	bpf_desc(&after, now, sizeof(now));
+	printf("attached %s to /dev/hybd%u\n", now, id);
+	if (old[0])
+		printf("replaced %s\n", old);
+	return EXIT_SUCCESS;
+}
+
+static int cmd_detach(int argc, char **argv)
+{
+	struct hybd_dev_info info;
+	int json = 0, ret;
+	char desc[64];
+	uint32_t id;
+
+	ret = parse_json_opt("detach", argc, argv, &json);
+	if (ret < 0 && json)
+		ret = usage_error("detach", "--json makes no sense here");
+	if (ret < 0)
+		ret = one_dev_arg("detach", argc, argv, &id);
+	if (ret >= 0)
+		return ret;
+	desc[0] = '\0';
+	if (!hybd_ctl_info(id, &info))
+		bpf_desc(&info, desc, sizeof(desc));
+	ret = hybd_bpf_detach_pinned(id);
+	if (ret < 0)
+		return failed("detach", ret);
+	printf("detached %s from /dev/hybd%u\n", desc[0] ? desc : "the fast path",
+	       id);
+	return EXIT_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- stats */
+
+/* Bucket i of a latency histogram holds [2^i, 2^(i+1)) ns; 0 also < 1. */
+static double bucket_lo(unsigned int i)
+{
+	return i ? (double)(1ULL << i) : 0.0;
+}
+
+static double bucket_hi(unsigned int i)
+{
+	return (double)(1ULL << (i + 1));
+}
+
+static uint64_t lat_count(const __u64 *h)
+{
+	uint64_t n = 0;
+	unsigned int i;
+
+	for (i = 0; i < HYBD_LAT_BUCKETS; i++)
+		n += h[i];
+	return n;
+}
+
+/*
+ * Estimated @q quantile (0 < q <= 1) in ns: the bucket that holds it, and
+ * a linear guess inside it.  The truth is anywhere in that bucket.
+ */
+static double lat_quantile(const __u64 *h, double q)
+{
+	double target = q * (double)lat_count(h), cum = 0;
+	unsigned int i;
+
+	for (i = 0; i < HYBD_LAT_BUCKETS; i++) {
+		if (!h[i])
+			continue;
+		if (cum + (double)h[i] >= target)
+			return bucket_lo(i) + (bucket_hi(i) - bucket_lo(i)) *
+			       (target - cum) / (double)h[i];
+		cum += (double)h[i];
+	}
+	return 0;
+}
+
+/* Estimated mean in ns: every request at its bucket's middle. */
+static double lat_mean(const __u64 *h)
+{
+	uint64_t n = lat_count(h);
+	double sum = 0;
+	unsigned int i;
+
+	for (i = 0; i < HYBD_LAT_BUCKETS; i++)
+		sum += (double)h[i] * (bucket_lo(i) + bucket_hi(i)) / 2;
+	return n ? sum / (double)n : 0;
+}
+
+/* A time in us: 3 significant digits, at least the whole microseconds. */
+static const char *fmt_us(double ns, char *buf, size_t size)
+{
+	double us = ns / 1000;
+
+	if (us == 0)
+		snprintf(buf, size, "0");
+	else if (us < 1)
+		snprintf(buf, size, "%.3f", us);
+	else if (us < 10)
+		snprintf(buf, size, "%.2f", us);
+	else if (us < 100)
+		snprintf(buf, size, "%.1f", us);
+	else
+		snprintf(buf, size, "%.0f", us);
+	return buf;
+}
+
+#define BAR_WIDTH	40
+
+static void print_histogram(const char *title, const __u64 *h)
+{
+	uint64_t n = lat_count(h), max = 0;
+	char a[24], b[24], c[24];
+	unsigned int i, first = HYBD_LAT_BUCKETS, last = 0, w;
+
+	printf("%s latency: ", title);
+	if (!n) {
+		printf("no requests\n");
+		return;
+	}
+	printf("%" PRIu64 " requests, p50 ~%s us, p99 ~%s us, mean ~%s us\n",
+	       n, fmt_us(lat_quantile(h, 0.50), a, sizeof(a)),
+	       fmt_us(lat_quantile(h, 0.99), b, sizeof(b)),
+	       fmt_us(lat_mean(h), c, sizeof(c)));
+	for (i = 0; i < HYBD_LAT_BUCKETS; i++) {
+		if (!h[i])
+			continue;
+		if (i < first)
+			first = i;
+		last = i;
+		if (h[i] > max)
+			max = h[i];
+	}
+	for (i = first; i <= last; i++) {
+		/* at least one '#' for a bucket that is not empty */
+		w = h[i] ? (unsigned int)((double)h[i] * (BAR_WIDTH - 1) /
+					  (double)max) + 1 : 0;
+		printf("  %9s - %-9s us %12" PRIu64 "%s%.*s\n",
+		       fmt_us(bucket_lo(i), a, sizeof(a)),
+		       fmt_us(bucket_hi(i), b, sizeof(b)), (uint64_t)h[i],
+		       w ? "  " : "", (int)w,
+		       "########################################");
+	}
+}
+
+/* Every request the block layer handed us ended one of these ways. */
+static uint64_t completions(const struct hybd_dev_stats *c)
+{
+	return c->fast_done + c->slow_done + c->failed_dead;
+}
+
+static double share(uint64_t part, uint64_t whole)
+{
+	return whole ? 100.0 * (double)part / (double)whole : 0;
+}
+
+/* "2.62 us", or "-" for an empty histogram. */
+static void p50_text(const __u64 *h, char *buf, size_t size)
+{
+	char us[24];
+
+	if (lat_count(h))
+		snprintf(buf, size, "%s us",
+			 fmt_us(lat_quantile(h, 0.5), us, sizeof(us)));
+	else
+		snprintf(buf, size, "-");
+}
+
+static void stats_text(uint32_t id, const struct hybd_dev_info *info,
+		       const struct hybd_ctl_stats *st,
+		       const struct hybd_queue_stat *qs, uint32_t nq)
+{
+	const struct hybd_dev_stats *c = &st->total.c;
+	uint64_t all = completions(c);
+	char desc[64];
+	uint32_t q;
+
+	bpf_desc(info, desc, sizeof(desc));
+	printf("/dev/hybd%u: %u queue%s, fast path %s, %u attach%s\n", id,
+	       st->nr_queues, st->nr_queues == 1 ? "" : "s",
+	       desc[0] ? desc : "none", info->bpf_attaches,
+	       info->bpf_attaches == 1 ? "" : "es");
+	printf("%-22s %14s %14s %14s\n", "", "fast path", "slow path",
+	       "no server");
+	printf("%-22s %14" PRIu64 " %14" PRIu64 " %14" PRIu64 "\n",
+	       "completed", (uint64_t)c->fast_done, (uint64_t)c->slow_done,
+	       (uint64_t)c->failed_dead);
+	printf("%-22s %13.1f%% %13.1f%% %13.1f%%\n", "  share",
+	       share(c->fast_done, all), share(c->slow_done, all),
+	       share(c->failed_dead, all));
+	printf("%-22s %14" PRIu64 " %14" PRIu64 "\n", "  with an error",
+	       (uint64_t)c->fast_errors, (uint64_t)c->slow_errors);
+	printf("%-22s %14s %14" PRIu64 "\n", "issued to the server", "",
+	       (uint64_t)c->slow_issued);
+	printf("requests:  reads %" PRIu64 "  writes %" PRIu64 "  flushes %"
+	       PRIu64 "  fua %" PRIu64 "  discards %" PRIu64
+	       "  write_zeroes %" PRIu64 "\n", (uint64_t)c->reads,
+	       (uint64_t)c->writes, (uint64_t)c->flushes, (uint64_t)c->fua,
+	       (uint64_t)c->discards, (uint64_t)c->write_zeroes);
+	printf("rejected:  bad_tag %" PRIu64 "  not_outstanding %" PRIu64
+	       "  stale_seq %" PRIu64 "  bad_result %" PRIu64
+	       "  ring_index %" PRIu64 "\n", (uint64_t)c->rej_bad_tag,
+	       (uint64_t)c->rej_not_outstanding, (uint64_t)c->rej_stale_seq,
+	       (uint64_t)c->rej_bad_result, (uint64_t)c->rej_ring_index);
+	printf("bpf_bad_ret: %" PRIu64 " (fast-path returns outside the contract, failed with EIO)\n",
+	       (uint64_t)c->bpf_bad_ret);
+	putchar('\n');
+	print_histogram("fast path", st->total.fast_lat);
+	print_histogram("slow path", st->total.slow_lat);
+	printf("(p50, p99 and mean are estimates from the log2 buckets)\n");
+
+	if (!qs)
+		return;
+	putchar('\n');
+	printf("%5s %12s %12s %8s %12s %12s %8s %8s %10s %10s\n", "queue",
+	       "fast", "slow", "errors", "reads", "writes", "bad_ret",
+	       "rejected", "fast p50", "slow p50");
+	for (q = 0; q < nq; q++) {
+		const struct hybd_dev_stats *d = &qs[q].c;
+		char f50[32], s50[32];
+
+		p50_text(qs[q].fast_lat, f50, sizeof(f50));
+		p50_text(qs[q].slow_lat, s50, sizeof(s50));
+		printf("%5u %12" PRIu64 " %12" PRIu64 " %8" PRIu64 " %12" PRIu64
+		       " %12" PRIu64 " %8" PRIu64 " %8" PRIu64 " %10s %10s\n",
+		       q, (uint64_t)d->fast_done, (uint64_t)d->slow_done,
+		       (uint64_t)(d->fast_errors + d->slow_errors),
+		       (uint64_t)d->reads, (uint64_t)d->writes,
+		       (uint64_t)d->bpf_bad_ret,
+		       (uint64_t)(d->rej_bad_tag + d->rej_not_outstanding +
+				  d->rej_stale_seq + d->rej_bad_result +
+				  d->rej_ring_index), f50, s50);
+	}
+	if (nq < st->nr_queues)
+		printf("(%u more queues not shown)\n", st->nr_queues - nq);
+}
+
+static void counters_json(const struct hybd_dev_stats *c)
+{
+	size_t i;
+
+	for (i = 0; i < ARRAY_SIZE(stat_fields); i++)
+		printf("%s\"%s\":%" PRIu64, i ? "," : "", stat_fields[i].name,
+		       stat_value(c, stat_fields[i].off));
+}
+
+static void histogram_json(const char *name, const __u64 *h)
+{
+	unsigned int i;
+
+	printf("\"%s\":[", name);
+	for (i = 0; i < HYBD_LAT_BUCKETS; i++)
+		printf("%s%" PRIu64, i ? "," : "", (uint64_t)h[i]);
+	printf("],\"%s_est\":{\"count\":%" PRIu64 ",\"p50_ns\":%.0f,"
+	       "\"p99_ns\":%.0f,\"mean_ns\":%.0f}", name, lat_count(h),
+	       lat_quantile(h, 0.50), lat_quantile(h, 0.99), lat_mean(h));
+}
+
+/* One stats object; @rate (fast, slow per second) only with --watch. */
+static void stats_json(uint32_t id, const struct hybd_dev_info *info,
+		       const struct hybd_ctl_stats *st,
+		       const struct hybd_queue_stat *qs, uint32_t nq,
+		       const double *rate, double now)
+{
+	uint32_t q;
+
+	printf("{\"id\":%u,\"nr_queues\":%u,", id, st->nr_queues);
+	if (has_bpf(info)) {
+		printf("\"bpf\":{\"name\":");
+		print_json_string(info->bpf_name, sizeof(info->bpf_name));
+		printf(",\"link_id\":%u},", info->bpf_link_id);
+	} else {
+		printf("\"bpf\":null,");
+	}
+	printf("\"bpf_attaches\":%u,", info->bpf_attaches);
+	if (now > 0) {
+		printf("\"time\":%.3f,", now);
+		if (rate)
+			printf("\"fast_per_s\":%.1f,\"slow_per_s\":%.1f,",
+			       rate[0], rate[1]);
+		else
+			printf("\"fast_per_s\":null,\"slow_per_s\":null,");
+	}
+	counters_json(&st->total.c);
+	putchar(',');
+	histogram_json("fast_lat", st->total.fast_lat);
+	putchar(',');
+	histogram_json("slow_lat", st->total.slow_lat);
+	if (qs) {
+		printf(",\"queues\":[");
+		for (q = 0; q < nq; q++) {
+			printf("%s{\"queue\":%u,", q ? "," : "", q);
+			counters_json(&qs[q].c);
+			putchar(',');
+			histogram_json("fast_lat", qs[q].fast_lat);
+			putchar(',');
+			histogram_json("slow_lat", qs[q].slow_lat);
+			putchar('}');
+		}
+		putchar(']');
+	}
+	printf("}\n");
+}
+
+static volatile sig_atomic_t stop_watch;
+
+static void on_stop_signal(int sig)
+{
+	(void)sig;
+	stop_watch = 1;
+}
+
+static double monotonic_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static double realtime_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Sleep until monotonic time @until or a stop signal. */
+static void sleep_until(double until)
+{
+	struct timespec ts;
+	double left;
+
+	while (!stop_watch && (left = until - monotonic_s()) > 0) {
+		ts.tv_sec = (time_t)left;
+		ts.tv_nsec = (long)((left - (double)ts.tv_sec) * 1e9);
+		nanosleep(&ts, NULL);
+	}
+}
+
+static int cmd_stats(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "json", no_argument, NULL, 'j' },
+		{ "per-queue", no_argument, NULL, 'q' },
+		{ "watch", required_argument, NULL, 'w' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	int c, ret, json = 0, per_queue = 0, tty = isatty(STDOUT_FILENO);
+	struct hybd_queue_stat *qs = NULL;
+	struct hybd_dev_info info;
+	struct hybd_ctl_stats st;
+	double watch = 0, t, t0 = 0, rate[2], next = 0;
+	uint64_t fast0 = 0, slow0 = 0;
+	uint32_t id, nq = 0;
+	struct sigaction sa;
+	char *end, clock[32];
+	time_t wall;
+	int n = 0;
+
+	optind = 1;
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'j':
+			json = 1;
+			break;
+		case 'q':
+			per_queue = 1;
+			break;
+		case 'w':
+			watch = strtod(optarg, &end);
+			if (end == optarg || *end || !(watch >= 0.1) ||
+			    watch > 86400)
+				return usage_error("stats",
+						   "--watch: '%s' is not a number of seconds between 0.1 and 86400",
+						   optarg);
+			break;
+		case 'h':
+			fputs(usage_text, stdout);
+			return EXIT_SUCCESS;
+		default:
+			return usage_error("stats",
+					   "unknown option or missing value: '%s'",
+					   argv[optind - 1]);
+		}
+	}
+	ret = one_dev_arg("stats", argc, argv, &id);
+	if (ret >= 0)
+		return ret;
+	if (per_queue) {
+		qs = calloc(HYBD_MAX_QUEUES, sizeof(*qs));
+		if (!qs) {
+			fprintf(stderr, "hybdctl: stats: out of memory\n");
+			return EXIT_FAILED;
+		}
+	}
+	if (watch) {
+		memset(&sa, 0, sizeof(sa));
+		sa.sa_handler = on_stop_signal;
+		sigemptyset(&sa.sa_mask);
+		sigaction(SIGINT, &sa, NULL);
+		sigaction(SIGTERM, &sa, NULL);
+	}
+
+	do {
+		ret = hybd_ctl_stats(id, &st, qs, qs ? HYBD_MAX_QUEUES : 0);
+		if (ret < 0)
+			break;
+		nq = (uint32_t)ret < HYBD_MAX_QUEUES ? (uint32_t)ret :
+		     HYBD_MAX_QUEUES;
+		t = monotonic_s();
+		/* the program's name and link; the counters stand without */
+		if (hybd_ctl_info(id, &info))
+			memset(&info, 0, sizeof(info));
+		if (n) {
+			rate[0] = (double)(st.total.c.fast_done - fast0) / (t - t0);
+			rate[1] = (double)(st.total.c.slow_done - slow0) / (t - t0);
+		}
+		if (json) {
+			stats_json(id, &info, &st, qs, nq, n ? rate : NULL,
+				   watch ? realtime_s() : 0);
+		} else {
+			if (watch) {
+				if (tty)
+					fputs("\033[H\033[J", stdout);
+				else if (n)
+					putchar('\n');
+				wall = time(NULL);
+				strftime(clock, sizeof(clock), "%H:%M:%S",
+					 localtime(&wall));
+				printf("%s  every %gs  ", clock, watch);
+				if (n)
+					printf("fast %.0f/s  slow %.0f/s\n",
+					       rate[0], rate[1]);
+				else
+					printf("fast -/s  slow -/s\n");
+			}
+			stats_text(id, &info, &st, qs, nq);
+		}
+		fflush(stdout);
+		fast0 = st.total.c.fast_done;
+		slow0 = st.total.c.slow_done;
+		t0 = t;
+		n++;
+		if (watch) {
+			next = (next ? next : t) + watch;
+			sleep_until(next);
+		}
+	} while (watch && !stop_watch);
+	free(qs);
+	if (ret < 0)
+		return failed("stats", ret);
+	return EXIT_SUCCESS;
+}
+
 static const struct {
 	const char *name;
 	int (*fn)(int argc, char **argv);
@@ -645,6 +1214,9 @@ static const struct {
 	{ "features", cmd_features },
 	{ "add", cmd_add },
 	{ "del", cmd_del },
+	{ "attach", cmd_attach },
+	{ "detach", cmd_detach },
+	{ "stats", cmd_stats },
 };
 
 int main(int argc, char **argv)
