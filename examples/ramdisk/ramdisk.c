@@ -4,11 +4,15 @@
  *
  *   ramdisk [--size BYTES] [--queues N] [--depth N] [--max-io BYTES]
  *           [--lbs N] [--pbs N] [--poll-ns N] [--no-write-cache] [--id N]
+ *           [--bpf PROG.bpf.o]
  *
  * It creates /dev/hybdN, prints "ready /dev/hybdN" once the disk exists and
  * serves it until SIGINT or SIGTERM.  Then it deletes the device (the
  * kernel first writes back what it still holds, through us) and prints how
  * many requests of each kind it served.
+ *
+ * --bpf attaches a fast path (bpf/cache.bpf.o, ...) before "ready", held by
+ * this process rather than pinned: it goes when the ramdisk does.
  *
  * Discarded and write-zeroed ranges read back as zeros.  Nothing is cached
  * on the way to memory: a flush has nothing to do (it is only counted) and
@@ -117,7 +121,10 @@ static uint64_t number(const char *opt, const char *arg, uint64_t max)
 
 static const char usage[] =
 	"usage: ramdisk [--size BYTES] [--queues N] [--depth N] [--max-io BYTES]\n"
-	"               [--lbs N] [--pbs N] [--poll-ns N] [--no-write-cache] [--id N]\n";
+	"               [--lbs N] [--pbs N] [--poll-ns N] [--no-write-cache] [--id N]\n"
+	"               [--bpf PROG.bpf.o]\n";
+
+static const char *bpf_path;	/* --bpf */
 
 static void parse_args(int argc, char **argv, struct hybd_config *cfg)
 {
@@ -131,6 +138,7 @@ static void parse_args(int argc, char **argv, struct hybd_config *cfg)
 		{ "poll-ns", required_argument, NULL, 'P' },
 		{ "no-write-cache", no_argument, NULL, 'W' },
 		{ "id", required_argument, NULL, 'i' },
+		{ "bpf", required_argument, NULL, 'b' },
 		{ NULL, 0, NULL, 0 },
 	};
 	int c, i = 0;
@@ -147,6 +155,7 @@ static void parse_args(int argc, char **argv, struct hybd_config *cfg)
 		case 'p': cfg->physical_block_size = number(name, optarg, UINT32_MAX); break;
 		case 'P': cfg->poll_ns = number(name, optarg, UINT32_MAX); break;
 		case 'i': cfg->dev_id = number(name, optarg, INT32_MAX); break;
+		case 'b': bpf_path = optarg; break;
 		case 'W':
 			/* nothing cached: no flush, no FUA */
 			cfg->flags &= ~HYBD_DEV_F_WRITE_CACHE;
@@ -161,10 +170,12 @@ static void parse_args(int argc, char **argv, struct hybd_config *cfg)
 
 static sigset_t stop_signals;
 static atomic_int stopping;
+static struct hybd_bpf *fast_path;	/* --bpf */
 
 /*
- * SIGINT/SIGTERM: delete the device.  The kernel first writes back what it
- * holds, through our workers, then they exit and hybd_dev_wait() returns.
+ * SIGINT/SIGTERM: detach the fast path, then delete the device.  The kernel
+ * first writes back what it holds, through our workers, then they exit and
+ * hybd_dev_wait() returns.
  */
 static void *signal_thread(void *dev)
 {
@@ -172,6 +183,8 @@ static void *signal_thread(void *dev)
 
 	sigwait(&stop_signals, &sig);
 	stopping = 1;
+	hybd_bpf_detach(fast_path);
+	fast_path = NULL;
 	hybd_ctl_del(hybd_dev_id(dev));
 	return NULL;
 }
@@ -202,11 +215,15 @@ int main(int argc, char **argv)
 	if (ret)
 		return fail(hybd_errmsg(), ret);
 	ret = hybd_dev_start(dev);
+	if (!ret && bpf_path)
+		ret = hybd_bpf_attach(hybd_dev_id(dev), bpf_path, 0, &fast_path);
 	if (ret) {
 		fail(hybd_errmsg(), ret);
 		hybd_dev_delete(dev);
 		return 1;
 	}
+	if (fast_path)
+		printf("fast path %s attached\n", bpf_path);
 	printf("ready %s\n", hybd_dev_path(dev));
 	fflush(stdout);
 	pthread_create(&thread, NULL, signal_thread, dev);
@@ -219,6 +236,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "ramdisk: %s was deleted underneath us\n",
 			hybd_dev_path(dev));
 	if (ret || !stopping) {
+		/* an unpinned fast path goes with the process */
 		hybd_dev_delete(dev);
 		return 1;
 	}
