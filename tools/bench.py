@@ -348,6 +348,7 @@ class Line:
         self.info = {}          # how it was set up, for bench.json
         self.runs = {m: [] for m in MODES}
         self.error = None       # why it could not be set up
+        self.stats = None       # hybd counters after the last fio run
 
 
 def module_loaded(name):
@@ -418,7 +419,10 @@ def setup_nbd(line, ctx):
         except BenchError as e:
             if attempt == 2:
                 raise
-            say(f"nbd: {e}; trying again")
+            klog = run(["dmesg"], check=False).stdout.splitlines()
+            said = [ln for ln in klog if "nbd" in ln][-3:]
+            say(f"nbd: {e}; kernel: {' | '.join(said) or '(nothing)'}; "
+                "trying again")
             run(["nbd-client", "-d", NBD_DEV], check=False)
             time.sleep(1)
     ctx.cleanup.push("nbd-client -d", run, ["nbd-client", "-d", NBD_DEV])
@@ -540,7 +544,10 @@ def parse_fio(text):
 
 def fio_run(line, mode, args, runtime=None):
     cmd = fio_cmd(line.dev, mode, args, runtime)
-    before = hybd_stats(line.dev) if line.hybd else None
+    # the counters after a device's last run are those before its next one:
+    # nothing else reads it in between
+    before = line.stats or (hybd_stats(line.dev) if line.hybd else None)
+    line.stats = None
     t0 = time.monotonic()
     res = run(cmd, timeout=args.runtime * 10 + 120, check=False)
     wall = time.monotonic() - t0
@@ -549,8 +556,9 @@ def fio_run(line, mode, args, runtime=None):
     out = parse_fio(res.stdout)
     out["wall_s"] = round(wall, 2)
     if line.hybd:
+        line.stats = hybd_stats(line.dev)
         out["fast"], out["slow"], out["fast_share"] = fast_share(
-            before, hybd_stats(line.dev))
+            before, line.stats)
     return out
 
 
@@ -797,7 +805,9 @@ class Context:
 
 
 def measure(lines, args):
-    """Every line, every mode, args.samples rounds, round-robin."""
+    """Every line, every mode, args.samples rounds, round-robin; each
+    round starts one line further on, so that no line always runs right
+    after the same neighbour."""
     live = [ln for ln in lines.values() if ln.dev]
     if args.warmup and live:
         # the first fio run of a boot is slow and noisy (cold caches)
@@ -810,8 +820,9 @@ def measure(lines, args):
     total = args.samples * len(MODES) * len(live)
     n = 0
     for rnd in range(args.samples):
+        first = rnd % len(live)
         for mode in MODES:
-            for line in live:
+            for line in live[first:] + live[:first]:
                 n += 1
                 try:
                     r = fio_run(line, mode, args)
