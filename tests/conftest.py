@@ -9,6 +9,8 @@ tools/vm-run boots, with kmod/hybd.ko loaded.
 """
 
 import os
+import signal
+from pathlib import Path
 
 import pytest
 
@@ -27,6 +29,51 @@ def _root_and_module():
     if not os.path.exists(CONTROL):
         pytest.fail(f"{CONTROL} missing: the hybd module is not loaded "
                     f"(tools/vm-run tests loads {hybdlib.KMOD})", pytrace=False)
+
+
+# Every test is bounded, also those that forget a timeout somewhere;
+# @pytest.mark.time_limit(seconds) changes the bound.
+TEST_TIME_LIMIT = 600
+
+
+class TimeLimitExceeded(Exception):
+    pass
+
+
+def _children_report():
+    """Our child processes with their state and kernel stack."""
+    out = []
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            pids = (task / "children").read_text().split()
+        except OSError:
+            continue
+        for pid in pids:
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+            except OSError:
+                continue
+            out.append(f"pid {pid} ({hybdlib.state_of(pid)}): "
+                       f"{cmd.decode(errors='replace')}\n{hybdlib.stack_of(pid)}")
+    return "\n".join(out) or "(no child processes)"
+
+
+@pytest.fixture(autouse=True)
+def time_limit(request):
+    """SIGALRM after the test's time limit: the test fails wherever it
+    waits (unless it is stuck in the kernel itself)."""
+    mark = request.node.get_closest_marker("time_limit")
+    limit = mark.args[0] if mark else TEST_TIME_LIMIT
+
+    def expired(signum, frame):
+        raise TimeLimitExceeded(f"test still running after its {limit}s limit; "
+                            f"children:\n{_children_report()}")
+
+    old = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, limit)
+    yield
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGALRM, old)
 
 
 @pytest.fixture(autouse=True)
