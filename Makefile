@@ -3,6 +3,7 @@
 #   make            build the module, libhybd, hybdctl and the examples
 #   make deps       install every package the project needs (Debian 12)
 #   make test       deps + build, then the whole suite in one guest boot
+#                   (PYTEST_ARGS="-k bpf" selects tests)
 #   make bench      deps + build, then the latency comparison in one guest
 #   make demo       deps + build, then the ramdisk/fast-path demo in a guest
 #
@@ -56,7 +57,7 @@ unit: lib
 test: deps
 	$(Q)$(MAKE) all
 	$(Q)$(MAKE) unit
-	$(Q)./tools/vm-run tests
+	$(Q)./tools/vm-run tests $(PYTEST_ARGS)
 
 bench: deps
 	$(Q)$(MAKE) all

@@ -191,7 +191,7 @@ static int hybd_queue_commit(struct hybd_queue *q)
 			batch[n].bad = res > 0 || res < -MAX_ERRNO;
 			if (batch[n].bad)
 				q->stats.rej_bad_result++;
-			else if (res)
+			if (res)
 				q->stats.slow_errors++;
 			q->stats.slow_done++;
 			hybd_lat_add(q->stats.slow_lat, t->start_ns);

@@ -182,7 +182,8 @@ struct hybd_dev_stats {
 	__u64	rej_bad_tag;	/* tag >= queue depth */
 	__u64	rej_not_outstanding;	/* tag not in flight (duplicates too) */
 	__u64	rej_stale_seq;	/* seq does not match the tag's request */
-	__u64	rej_bad_result;	/* result not 0 or -errno: request fails */
+	__u64	rej_bad_result;	/* result not 0 or -errno: request fails
+				 * with EIO (and counts in slow_errors) */
 	__u64	rej_ring_index;	/* cq tail moved by more than the ring size */
 	__u64	bpf_bad_ret;	/* fast path returned outside the contract */
 	__u64	reserved[14];
