@@ -131,7 +131,8 @@ dd if=/dev/urandom of="$DEV" bs=1M count=$REGION_MIB iflag=fullblock oflag=direc
 # run_fio NAME: 4 KiB random reads at QD1 over the region, RUNTIME seconds,
 # with a line a second; the JSON result goes to $TMP/NAME.json.
 run_fio() {
-	local name=$1 stat=/sys/block/${DEV#/dev/}/stat t=0 last now rc
+	local name=$1 stat=/sys/block/${DEV#/dev/}/stat
+	local start="" t0 t1 last now rc
 
 	fio --output-format=json --output="$TMP/$name.json" --name="$name" \
 		--filename="$DEV" --rw=randread --bs=4k --direct=1 \
@@ -139,19 +140,27 @@ run_fio() {
 		--time_based --runtime="$RUNTIME" --norandommap --randrepeat=0 \
 		--invalidate=0 --thread --disk_util=0 >"$TMP/$name.log" 2>&1 &
 	FIO_PID=$!
+	printf 'demo:   fio %-7s starting\n' "$name"
 	last=$(awk '{ print $1 }' "$stat")
+	t0=$EPOCHREALTIME
 	# the clock starts with the first reads: fio takes a while to start
 	while sleep 1 && kill -0 "$FIO_PID" 2>/dev/null; do
 		now=$(awk '{ print $1 }' "$stat")
-		if [ "$now" = "$last" ] && [ $t = 0 ]; then
-			printf 'demo:   fio %-8s starting\n' "$name"
-			continue
+		t1=$EPOCHREALTIME
+		if [ -z "$start" ]; then
+			if [ "$now" = "$last" ]; then
+				t0=$t1
+				continue
+			fi
+			start=$t0
 		fi
-		t=$((t + 1))
-		[ $t -le "$RUNTIME" ] &&
-			printf 'demo:   fio %-8s %3ds/%ds  %7d reads/s\n' "$name" \
-				"$t" "$RUNTIME" $((now - last))
+		awk -v n="$name" -v a="$start" -v b="$t0" -v c="$t1" \
+			-v r="$RUNTIME" -v d=$((now - last)) 'BEGIN {
+			if (c - a <= r + 0.5)
+				printf "demo:   fio %-7s %4.1fs/%ds %8.0f reads/s\n",
+					n, c - a, r, d / (c - b) }'
 		last=$now
+		t0=$t1
 	done
 	wait "$FIO_PID"
 	rc=$?
