@@ -31,6 +31,7 @@ line failed, 2 on a usage error.
 """
 
 import argparse
+import hashlib
 import json
 import mmap
 import os
@@ -743,10 +744,26 @@ def meta(args):
             "kernel": platform.release(), "cpus": os.cpu_count(),
             "cpu_model": cpu, "mem_mib": mem,
             "accel": guest_accel(args.results), "fio": fio,
-            "hybd_srcversion": read_text("/sys/module/hybd/srcversion") or
-            (run(["modinfo", "-F", "srcversion", KMOD],
-                 check=False).stdout.strip() or None),
+            "git": git_version(), "hybd_ko_sha256": file_sha256(KMOD),
             "argv": sys.argv[1:]}
+
+
+def git_version():
+    """The repository's commit, with -dirty if the tree has changes."""
+    try:
+        head = run(["git", "-C", REPO, "rev-parse", "--short=12", "HEAD"])
+        dirty = run(["git", "-C", REPO, "status", "--porcelain",
+                     "--untracked-files=no"]).stdout.strip()
+    except BenchError:
+        return None
+    return head.stdout.strip() + ("-dirty" if dirty else "")
+
+
+def file_sha256(path):
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+    except OSError:
+        return None
 
 
 def read_text(path):
