@@ -17,12 +17,15 @@ ratios:
 
 Each line is measured at QD1 (psync: mean, p50, p99, p99.9 completion
 latency) and QD32 (io_uring: IOPS), --samples times, the lines interleaved
-round-robin so that drift hits all of them alike.  Every device exists for
-the whole run (one ramdisk per hybd line, each with its own program).
+round-robin so that drift hits all of them alike (each round starting one
+line further on), after an uncounted --warmup run each.  Every device
+exists for the whole run (one ramdisk per hybd line, each with its own
+program), without an I/O scheduler.
 
 Results: a table on stdout, every sample in RESULTS/bench.json, a chart of
 QD1 p50/p99 in RESULTS/bench.png (needs python3-matplotlib).  RESULTS is
-$HYBD_RESULTS (tools/vm-run sets it), else --results, else results/.
+--results, by default $HYBD_RESULTS (tools/vm-run sets it: results/latest/)
+or else results/.
 
 Run as root: tools/vm-run bench [ARGS], or directly on a >= 6.12 host.
 Exit status: 0 when every selected line was measured (whether the targets
@@ -207,50 +210,23 @@ def hybdctl(*args, timeout=60):
     return run([HYBDCTL, *args], timeout=timeout)
 
 
-def find_key(obj, key):
-    """The value of key nearest the top of a JSON document (so device totals
-    win over per-queue entries), or None."""
-    level = [obj]
-    while level:
-        nxt = []
-        for o in level:
-            if isinstance(o, dict):
-                if key in o and isinstance(o[key], (int, float)):
-                    return o[key]
-                nxt.extend(o.values())
-            elif isinstance(o, list):
-                nxt.extend(o)
-        level = nxt
-    return None
-
-
-# `hybdctl stats`; `info` carries the counters too, for a hybdctl that
-# has no `stats` command (exit 2, usage error)
-STATS_CMD = ["stats", "info"]
-
-
 def hybd_stats(dev):
-    """`hybdctl stats DEV --json`, parsed."""
-    res = run([HYBDCTL, STATS_CMD[0], dev, "--json"], timeout=30, check=False)
-    if res.returncode == 2 and len(STATS_CMD) > 1:
-        print(f"bench: hybdctl has no '{STATS_CMD.pop(0)}': using "
-              f"'hybdctl {STATS_CMD[0]}' for the counters", file=sys.stderr)
-        return hybd_stats(dev)
-    if res.returncode != 0:
-        raise BenchError(f"hybdctl {STATS_CMD[0]} {dev} --json: exit "
-                         f"{res.returncode}: {res.stderr.strip()}")
+    """`hybdctl stats DEV --json`, parsed: the device's counters at the top
+    level, latency histograms, the attached program."""
+    res = hybdctl("stats", dev, "--json", timeout=30)
     try:
         return json.loads(res.stdout)
     except ValueError:
-        raise BenchError(f"hybdctl {STATS_CMD[0]} {dev} --json: not JSON: "
+        raise BenchError(f"hybdctl stats {dev} --json: not JSON: "
                          f"{res.stdout[:200]!r}") from None
 
 
 def fast_slow(stats):
-    fast, slow = find_key(stats, "fast_done"), find_key(stats, "slow_done")
-    if fast is None or slow is None:
-        raise BenchError("hybdctl stats --json has no fast_done/slow_done")
-    return int(fast), int(slow)
+    try:
+        return int(stats["fast_done"]), int(stats["slow_done"])
+    except (KeyError, TypeError, ValueError):
+        raise BenchError("hybdctl stats --json has no fast_done/slow_done") \
+            from None
 
 
 def fast_share(before, after):
