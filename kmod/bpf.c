@@ -265,7 +265,8 @@ static void hybd_bpf_set(struct hybd_dev *dev, struct hybd_bpf_ops *ops,
 		dev->bpf_gen++;
 		dev->bpf_attaches++;
 	}
-	dev->bpf_link_id = ops && link ? link->id : 0;
+	/* the link gets its id only after reg(): read it at info time */
+	dev->bpf_link = ops ? link : NULL;
 }
 
 static int hybd_ops_reg(void *kdata, struct bpf_link *link)
@@ -388,7 +389,7 @@ void hybd_bpf_fill_info(struct hybd_dev *dev, struct hybd_dev_info *info)
 					lockdep_is_held(&hybd_bpf_lock));
 	if (ops)
 		strscpy(info->bpf_name, ops->name, sizeof(info->bpf_name));
-	info->bpf_link_id = dev->bpf_link_id;
+	info->bpf_link_id = dev->bpf_link ? dev->bpf_link->id : 0;
 	info->bpf_attaches = dev->bpf_attaches;
 	mutex_unlock(&hybd_bpf_lock);
 }

@@ -23,6 +23,8 @@
 
 #include "uapi/hybd.h"
 
+struct bpf_link;
+
 #define HYBD_IO_TIMEOUT		(30 * HZ)
 
 /* Per-tag state, kept in kernel memory: the ring is never trusted. */
@@ -115,7 +117,7 @@ struct hybd_dev {
 	/* the BPF fast path; written under hybd_bpf_lock, read under RCU */
 	struct hybd_bpf_ops __rcu *bpf_ops;
 	u32			bpf_gen;	/* bumped on attach/replace */
-	u32			bpf_link_id;
+	struct bpf_link		*bpf_link;	/* valid until unreg */
 	u32			bpf_attaches;
 };
 
