@@ -6,7 +6,7 @@ set -eu
 DEB_PKGS="build-essential linux-image-6.12-amd64 linux-headers-6.12-amd64 \
 clang-14 llvm-14 libbpf-dev bpftool libelf-dev zlib1g-dev dwarves pkg-config \
 fio qemu-system-x86 busybox-static nbdkit nbd-client util-linux e2fsprogs \
-kmod python3-pytest python3-venv pipx udev"
+kmod python3-pytest python3-matplotlib python3-venv pipx udev"
 BACKPORTS_PKGS="libbpf-dev bpftool"
 
 missing=""
@@ -36,11 +36,18 @@ if [ -n "$missing" ]; then
 			$SUDO tee /etc/apt/sources.list.d/hybd-backports.list >/dev/null
 	fi
 	export DEBIAN_FRONTEND=noninteractive
-	$SUDO apt-get update -qq
+	log=$(mktemp /tmp/hybd-deps.XXXXXX)
 	# shellcheck disable=SC2086
-	$SUDO apt-get install -y -qq --no-install-recommends -t bookworm-backports $BACKPORTS_PKGS
-	# shellcheck disable=SC2086
-	$SUDO apt-get install -y -qq --no-install-recommends $DEB_PKGS
+	if ! { $SUDO apt-get update -qq &&
+	       $SUDO apt-get install -y -qq --no-install-recommends \
+			-t bookworm-backports $BACKPORTS_PKGS &&
+	       $SUDO apt-get install -y -qq --no-install-recommends $DEB_PKGS; } \
+	     >"$log" 2>&1; then
+		tail -n 40 "$log"
+		echo "deps: apt-get failed (full log: $log)" >&2
+		exit 1
+	fi
+	rm -f "$log"
 fi
 
 if ! have_vng; then
