@@ -62,7 +62,7 @@ miss:
 
 void BPF_STRUCT_OPS(zero_complete, struct hybd_bpf_io *io)
 {
-	__u64 blk;
+	__u64 blk, stamp;
 	__u32 key;
 
 	if (hybd_io_changes_data(io)) {
@@ -75,8 +75,10 @@ void BPF_STRUCT_OPS(zero_complete, struct hybd_bpf_io *io)
 		return;
 	if (hybd_bpf_io_is_zero(io) != 1)
 		return;
+	/* map helpers take BPF memory, not the context: copy the stamp */
+	stamp = io->scratch;
 	key = blk;
-	bpf_map_update_elem(&zero_known, &key, &io->scratch, BPF_ANY);
+	bpf_map_update_elem(&zero_known, &key, &stamp, BPF_ANY);
 }
 
 HYBD_OPS_DEFINE(zero_ops,
