@@ -763,8 +763,11 @@ int hybd_bpf_attach(uint32_t dev_id, const char *path, unsigned int flags,
 
 	b->link = bpf_map__attach_struct_ops(b->ops_map);
 	if (b->link && (flags & HYBD_BPF_F_REPLACE)) {
-		/* the program went away since we looked */
-		ret = not_pinned_err(dev_id, "replace");
+		/* the program went away since we looked: not ours to add */
+		bpf_link__destroy(b->link);
+		b->link = NULL;
+		ret = hybd__err(-ENOENT, "hybd%u has no fast path to replace",
+				dev_id);
 		goto out_free;
 	}
 	if (!b->link) {
