@@ -13,6 +13,7 @@
 #include <linux/mm.h>
 #include <linux/module.h>
 #include <linux/sched/signal.h>
+#include <linux/sched/stat.h>
 #include <linux/slab.h>
 #include <linux/uaccess.h>
 #include <linux/vmalloc.h>
@@ -233,8 +234,11 @@ static int hybd_queue_wait(struct hybd_queue *q)
 			cpu_relax();
 			if (hybd_queue_has_work(q))
 				return 0;
+			/* spinning only helps if nobody else wants this CPU:
+			 * the submitter may be the task we keep from running
+			 */
 		} while (ktime_get_ns() < end && !need_resched() &&
-			 !signal_pending(current));
+			 single_task_running() && !signal_pending(current));
 	}
 
 	WRITE_ONCE(q->need_wakeup, true);
