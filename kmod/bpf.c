@@ -368,7 +368,14 @@ int hybd_bpf_init(void)
 					&hybd_kfunc_set);
 	if (ret)
 		return ret;
-	return register_bpf_struct_ops(&hybd_bpf_struct_ops, hybd_bpf_ops);
+	ret = register_bpf_struct_ops(&hybd_bpf_struct_ops, hybd_bpf_ops);
+	if (ret)
+		return ret;
+	/*
+	 * Without module BTF the kernel only warns and registers nothing;
+	 * our init() callback ran only if the type really exists.
+	 */
+	return hybd_btf ? 0 : -ENOENT;
 }
 
 /* The device is being deleted: forget its program (the link stays). */
