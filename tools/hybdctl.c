@@ -227,6 +227,17 @@ static int parse_json_opt(const char *cmd, int argc, char **argv, int *json)
 	return -1;
 }
 
+/* No argument but --json (and --help), for list and features; -1 when fine. */
+static int json_opt_only(const char *cmd, int argc, char **argv, int *json)
+{
+	int ret = parse_json_opt(cmd, argc, argv, json);
+
+	if (ret < 0 && optind < argc)
+		ret = usage_error(cmd, "unexpected argument '%s'",
+				  argv[optind]);
+	return ret;
+}
+
 /* The ids of every device; *ids is malloc'd.  Returns the count or -errno. */
 static int get_ids(uint32_t **ids)
 {
@@ -260,12 +271,9 @@ static int cmd_list(int argc, char **argv)
 	int json = 0, n, i, ret, shown = 0;
 	char size[32];
 
-	ret = parse_json_opt("list", argc, argv, &json);
+	ret = json_opt_only("list", argc, argv, &json);
 	if (ret >= 0)
 		return ret;
-	if (optind < argc)
-		return usage_error("list", "unexpected argument '%s'",
-				   argv[optind]);
 	n = get_ids(&ids);
 	if (n < 0)
 		return failed("list", n);
@@ -352,6 +360,18 @@ static int has_bpf(const struct hybd_dev_info *info)
 	return info->bpf_link_id || info->bpf_name[0];
 }
 
+/* The "bpf" member of a device's JSON object, with its trailing comma. */
+static void bpf_json(const struct hybd_dev_info *info)
+{
+	if (has_bpf(info)) {
+		printf("\"bpf\":{\"name\":");
+		print_json_string(info->bpf_name, sizeof(info->bpf_name));
+		printf(",\"link_id\":%u},", info->bpf_link_id);
+	} else {
+		printf("\"bpf\":null,");
+	}
+}
+
 static uint64_t stat_value(const struct hybd_dev_stats *s, size_t off)
 {
 	uint64_t v;
@@ -360,11 +380,19 @@ static uint64_t stat_value(const struct hybd_dev_stats *s, size_t off)
 	return v;
 }
 
+static void counters_json(const struct hybd_dev_stats *c)
+{
+	size_t i;
+
+	for (i = 0; i < ARRAY_SIZE(stat_fields); i++)
+		printf("%s\"%s\":%" PRIu64, i ? "," : "", stat_fields[i].name,
+		       stat_value(c, stat_fields[i].off));
+}
+
 static void info_json(uint32_t id, const struct hybd_dev_info *info)
 {
 	const struct hybd_param_basic *b = &info->params.basic;
 	const struct hybd_param_discard *d = &info->params.discard;
-	size_t i;
 
 	printf("{\"id\":%u,\"state\":\"%s\",\"server_pid\":%d,", id,
 	       state_name(info->state), info->server_pid);
@@ -385,17 +413,9 @@ static void info_json(uint32_t id, const struct hybd_dev_info *info)
 	printf("\"max_discard_bytes\":%u,\"discard_granularity\":%u,"
 	       "\"max_write_zeroes_bytes\":%u,", d->max_discard_bytes,
 	       d->discard_granularity, d->max_write_zeroes_bytes);
-	if (has_bpf(info)) {
-		printf("\"bpf\":{\"name\":");
-		print_json_string(info->bpf_name, sizeof(info->bpf_name));
-		printf(",\"link_id\":%u},", info->bpf_link_id);
-	} else {
-		printf("\"bpf\":null,");
-	}
+	bpf_json(info);
 	printf("\"bpf_attaches\":%u,\"stats\":{", info->bpf_attaches);
-	for (i = 0; i < ARRAY_SIZE(stat_fields); i++)
-		printf("%s\"%s\":%" PRIu64, i ? "," : "", stat_fields[i].name,
-		       stat_value(&info->stats, stat_fields[i].off));
+	counters_json(&info->stats);
 	printf("}}\n");
 }
 
@@ -461,6 +481,18 @@ static int one_dev_arg(const char *cmd, int argc, char **argv, uint32_t *id)
 	return -1;
 }
 
+/* DEV alone (--json makes no sense), for del and detach; -1 when fine. */
+static int dev_arg_only(const char *cmd, int argc, char **argv, uint32_t *id)
+{
+	int json = 0, ret = parse_json_opt(cmd, argc, argv, &json);
+
+	if (ret < 0 && json)
+		ret = usage_error(cmd, "--json makes no sense here");
+	if (ret < 0)
+		ret = one_dev_arg(cmd, argc, argv, id);
+	return ret;
+}
+
 static int cmd_info(int argc, char **argv)
 {
 	struct hybd_dev_info info;
@@ -484,14 +516,10 @@ static int cmd_info(int argc, char **argv)
 
 static int cmd_del(int argc, char **argv)
 {
-	int json = 0, ret;
+	int ret;
 	uint32_t id;
 
-	ret = parse_json_opt("del", argc, argv, &json);
-	if (ret < 0 && json)
-		ret = usage_error("del", "--json makes no sense here");
-	if (ret < 0)
-		ret = one_dev_arg("del", argc, argv, &id);
+	ret = dev_arg_only("del", argc, argv, &id);
 	if (ret >= 0)
 		return ret;
 	ret = hybd_ctl_del(id);
@@ -506,12 +534,9 @@ static int cmd_features(int argc, char **argv)
 	int json = 0, ret, n = 0;
 	size_t i;
 
-	ret = parse_json_opt("features", argc, argv, &json);
+	ret = json_opt_only("features", argc, argv, &json);
 	if (ret >= 0)
 		return ret;
-	if (optind < argc)
-		return usage_error("features", "unexpected argument '%s'",
-				   argv[optind]);
 	ret = hybd_ctl_features(&f);
 	if (ret < 0)
 		return failed("features", ret);
@@ -759,15 +784,11 @@ static int cmd_attach(int argc, char **argv)
 static int cmd_detach(int argc, char **argv)
 {
 	struct hybd_dev_info info;
-	int json = 0, ret;
 	char desc[64];
+	int ret;
 	uint32_t id;
 
-	ret = parse_json_opt("detach", argc, argv, &json);
-	if (ret < 0 && json)
-		ret = usage_error("detach", "--json makes no sense here");
-	if (ret < 0)
-		ret = one_dev_arg("detach", argc, argv, &id);
+	ret = dev_arg_only("detach", argc, argv, &id);
 	if (ret >= 0)
 		return ret;
 	desc[0] = '\0';
@@ -984,15 +1005,6 @@ static void stats_text(uint32_t id, const struct hybd_dev_info *info,
 		printf("(%u more queues not shown)\n", st->nr_queues - nq);
 }
 
-static void counters_json(const struct hybd_dev_stats *c)
-{
-	size_t i;
-
-	for (i = 0; i < ARRAY_SIZE(stat_fields); i++)
-		printf("%s\"%s\":%" PRIu64, i ? "," : "", stat_fields[i].name,
-		       stat_value(c, stat_fields[i].off));
-}
-
 static void histogram_json(const char *name, const __u64 *h)
 {
 	unsigned int i;
@@ -1014,13 +1026,7 @@ static void stats_json(uint32_t id, const struct hybd_dev_info *info,
 	uint32_t q;
 
 	printf("{\"id\":%u,\"nr_queues\":%u,", id, st->nr_queues);
-	if (has_bpf(info)) {
-		printf("\"bpf\":{\"name\":");
-		print_json_string(info->bpf_name, sizeof(info->bpf_name));
-		printf(",\"link_id\":%u},", info->bpf_link_id);
-	} else {
-		printf("\"bpf\":null,");
-	}
+	bpf_json(info);
 	printf("\"bpf_attaches\":%u,", info->bpf_attaches);
 	if (now > 0) {
 		printf("\"time\":%.3f,", now);
@@ -1059,19 +1065,12 @@ static void on_stop_signal(int sig)
 	stop_watch = 1;
 }
 
-static double monotonic_s(void)
+/* @clock's time in seconds. */
+static double clock_s(clockid_t clock)
 {
 	struct timespec ts;
 
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static double realtime_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_REALTIME, &ts);
+	clock_gettime(clock, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
@@ -1081,7 +1080,7 @@ static void sleep_until(double until)
 	struct timespec ts;
 	double left;
 
-	while (!stop_watch && (left = until - monotonic_s()) > 0) {
+	while (!stop_watch && (left = until - clock_s(CLOCK_MONOTONIC)) > 0) {
 		ts.tv_sec = (time_t)left;
 		ts.tv_nsec = (long)((left - (double)ts.tv_sec) * 1e9);
 		nanosleep(&ts, NULL);
@@ -1160,7 +1159,7 @@ static int cmd_stats(int argc, char **argv)
 			break;
 		nq = (uint32_t)ret < HYBD_MAX_QUEUES ? (uint32_t)ret :
 		     HYBD_MAX_QUEUES;
-		t = monotonic_s();
+		t = clock_s(CLOCK_MONOTONIC);
 		/* the program's name and link; the counters stand without */
 		if (hybd_ctl_info(id, &info))
 			memset(&info, 0, sizeof(info));
@@ -1170,7 +1169,7 @@ static int cmd_stats(int argc, char **argv)
 		}
 		if (json) {
 			stats_json(id, &info, &st, qs, nq, n ? rate : NULL,
-				   watch ? realtime_s() : 0);
+				   watch ? clock_s(CLOCK_REALTIME) : 0);
 		} else {
 			if (watch) {
 				if (tty)

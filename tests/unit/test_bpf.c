@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "hybd_internal.h"
+#include "unit.h"
 
 #define NOT_LOADED	"hybd module not loaded (/dev/hybd-control missing)"
 #define BEGIN		"libbpf: prog 'p_submit': -- BEGIN PROG LOAD LOG --\n"
@@ -18,20 +19,6 @@
 #define VERDICT		"R1 invalid mem access 'scalar'\n"
 #define NOTE_END	" earlier lines of the verifier log]\n"
 #define STATS_LINE	"processed 12 insns (limit 1000000) max_states_per_insn 0\n"
-
-static int passed, failed;
-
-#define CHECK(cond) check(!!(cond), #cond, __LINE__)
-
-static void check(int ok, const char *what, int line)
-{
-	if (ok) {
-		passed++;
-		return;
-	}
-	failed++;
-	fprintf(stderr, "test_bpf.c:%d: FAILED: %s\n", line, what);
-}
 
 /* A verifier log of @lines numbered instruction lines, as libbpf prints it. */
 static char *make_log(unsigned int lines)
@@ -154,6 +141,5 @@ int main(void)
 	test_log_without_verifier_part();
 	test_arguments_and_no_module();
 
-	printf("%d passed, %d failed\n", passed, failed);
-	return failed ? 1 : 0;
+	return unit_report();
 }

@@ -10,20 +10,7 @@
 #include <unistd.h>
 
 #include "hybd_internal.h"
-
-static int passed, failed;
-
-#define CHECK(cond) check(!!(cond), #cond, __LINE__)
-
-static void check(int ok, const char *what, int line)
-{
-	if (ok) {
-		passed++;
-		return;
-	}
-	failed++;
-	fprintf(stderr, "test_errmsg.c:%d: FAILED: %s\n", line, what);
-}
+#include "unit.h"
 
 /* The message for @perr/@err with @p must be exactly @want. */
 static void msg_is(const struct hybd_params *p, int32_t dev_id, uint32_t perr,
@@ -252,6 +239,5 @@ int main(void)
 	test_config_to_params();
 	test_param_messages();
 
-	printf("%d passed, %d failed\n", passed, failed);
-	return failed ? 1 : 0;
+	return unit_report();
 }

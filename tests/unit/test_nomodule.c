@@ -11,22 +11,11 @@
 
 #include "hybd.h"
 
+/* each failure also prints the library's message */
+#define UNIT_SHOW_ERRMSG
+#include "unit.h"
+
 #define NOT_LOADED	"hybd module not loaded (/dev/hybd-control missing)"
-
-static int passed, failed;
-
-#define CHECK(cond) check(!!(cond), #cond, __LINE__)
-
-static void check(int ok, const char *what, int line)
-{
-	if (ok) {
-		passed++;
-		return;
-	}
-	failed++;
-	fprintf(stderr, "test_nomodule.c:%d: FAILED: %s (message: \"%s\")\n",
-		line, what, hybd_errmsg());
-}
 
 static int handler_rw(struct hybd_io *io, void *buf, uint64_t off,
 		      uint32_t len)
@@ -122,12 +111,10 @@ int main(void)
 {
 	if (!access("/dev/hybd-control", F_OK)) {
 		printf("skipped: /dev/hybd-control exists (the module is loaded)\n");
-		printf("0 passed, 0 failed\n");
-		return 0;
+		return unit_report();
 	}
 	test_ctl();
 	test_dev_create();
 
-	printf("%d passed, %d failed\n", passed, failed);
-	return failed ? 1 : 0;
+	return unit_report();
 }

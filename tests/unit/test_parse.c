@@ -8,20 +8,7 @@
 #include <string.h>
 
 #include "hybd.h"
-
-static int passed, failed;
-
-#define CHECK(cond) check(!!(cond), #cond, __LINE__)
-
-static void check(int ok, const char *what, int line)
-{
-	if (ok) {
-		passed++;
-		return;
-	}
-	failed++;
-	fprintf(stderr, "test_parse.c:%d: FAILED: %s\n", line, what);
-}
+#include "unit.h"
 
 static void dev_ok(const char *s, uint32_t want)
 {
@@ -175,6 +162,5 @@ int main(void)
 	CHECK(hybd_opf_name(1U << 6) == NULL);
 	CHECK(hybd_opf_name(1U << 31) == NULL);
 
-	printf("%d passed, %d failed\n", passed, failed);
-	return failed ? 1 : 0;
+	return unit_report();
 }

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "hybd_internal.h"
+#include "unit.h"
 
 #define DEPTH		8
 #define ENTRIES		8
@@ -23,20 +24,6 @@
 #define DESC_OFF	256
 #define DATA_OFF	4096
 #define AREA_SIZE	(DATA_OFF + DEPTH * MAX_IO)
-
-static int passed, failed;
-
-#define CHECK(cond) check(!!(cond), #cond, __LINE__)
-
-static void check(int ok, const char *what, int line)
-{
-	if (ok) {
-		passed++;
-		return;
-	}
-	failed++;
-	fprintf(stderr, "test_queue.c:%d: FAILED: %s\n", line, what);
-}
 
 /* What the handlers saw and what they are told to return. */
 static struct {
@@ -409,6 +396,5 @@ int main(void)
 
 	hybd__queue_exit(&q);
 	free(area);
-	printf("%d passed, %d failed\n", passed, failed);
-	return failed ? 1 : 0;
+	return unit_report();
 }
