@@ -656,6 +656,9 @@ def print_table(lines, summary, targets, args):
 
 def plot(path, lines, summary, title):
     """A bar chart of QD1 p50 and p99 per line, log scale."""
+    # the guest's home is read-only: give matplotlib a cache it can write
+    os.environ.setdefault("MPLCONFIGDIR",
+                          os.path.join(os.path.dirname(path), ".mplconfig"))
     try:
         import matplotlib
         matplotlib.use("Agg")
