@@ -77,31 +77,41 @@ static void hybd_count_op(struct hybd_queue_stats *s, int op, u16 flags)
 	}
 }
 
-/* Copy a write's payload into the tag's buffer. */
-static void hybd_copy_from_rq(struct request *rq, u8 *dst)
-{
-	struct req_iterator iter;
-	struct bio_vec bv;
-
-	rq_for_each_segment(bv, rq, iter) {
-		memcpy_from_bvec(dst, &bv);
-		dst += bv.bv_len;
-	}
-}
-
 /**
- * hybd_copy_to_rq() - copy a read's data from the tag's buffer
- * @rq: the read request
- * @src: the tag's buffer, at least blk_rq_bytes(@rq) long
+ * hybd_rq_copy() - copy between a request's pages and a buffer
+ * @rq: the request
+ * @off: byte offset into the request's payload
+ * @buf: the buffer
+ * @len: bytes to copy; @off + @len must not pass blk_rq_bytes(@rq)
+ * @to_rq: direction: @buf into the request, or the request into @buf
  */
-void hybd_copy_to_rq(struct request *rq, const u8 *src)
+void hybd_rq_copy(struct request *rq, u32 off, void *buf, u32 len, bool to_rq)
 {
 	struct req_iterator iter;
 	struct bio_vec bv;
 
+	if (!len)
+		return;
 	rq_for_each_segment(bv, rq, iter) {
-		memcpy_to_bvec(&bv, src);
-		src += bv.bv_len;
+		u32 n;
+
+		if (off >= bv.bv_len) {
+			off -= bv.bv_len;
+			continue;
+		}
+		bv.bv_offset += off;
+		bv.bv_len -= off;
+		off = 0;
+		n = min(bv.bv_len, len);
+		bv.bv_len = n;
+		if (to_rq)
+			memcpy_to_bvec(&bv, buf);
+		else
+			memcpy_from_bvec(buf, &bv);
+		buf += n;
+		len -= n;
+		if (!len)
+			break;
 	}
 }
 
@@ -202,8 +212,8 @@ static blk_status_t hybd_queue_rq(struct blk_mq_hw_ctx *hctx,
 
 	/* the tag's buffer is ours until the request completes */
 	if (op == HYBD_OP_WRITE)
-		hybd_copy_from_rq(rq, q->data +
-				  (size_t)tag * q->dev->params.basic.max_io_bytes);
+		hybd_rq_copy(rq, 0, q->data + (size_t)tag *
+			     q->dev->params.basic.max_io_bytes, bytes, false);
 
 	spin_lock(&q->lock);
 	if (q->dead) {

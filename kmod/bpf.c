@@ -33,39 +33,6 @@ static struct hybd_tag *hybd_io_tag(struct hybd_bpf_io *io)
 	return container_of(io, struct hybd_tag, bio);
 }
 
-/*
- * Copy between a request's pages and @buf.  @off and @len are checked
- * against the request's length by the callers.
- */
-static void hybd_rq_copy(struct request *rq, u32 off, void *buf, u32 len,
-			 bool to_rq)
-{
-	struct req_iterator iter;
-	struct bio_vec bv;
-
-	rq_for_each_segment(bv, rq, iter) {
-		u32 n;
-
-		if (off >= bv.bv_len) {
-			off -= bv.bv_len;
-			continue;
-		}
-		bv.bv_offset += off;
-		bv.bv_len -= off;
-		off = 0;
-		n = min(bv.bv_len, len);
-		bv.bv_len = n;
-		if (to_rq)
-			memcpy_to_bvec(&bv, buf);
-		else
-			memcpy_from_bvec(buf, &bv);
-		buf += n;
-		len -= n;
-		if (!len)
-			break;
-	}
-}
-
 static bool hybd_io_has_data(struct hybd_bpf_io *io)
 {
 	return io->op == HYBD_OP_READ || io->op == HYBD_OP_WRITE;

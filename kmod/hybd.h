@@ -148,7 +148,7 @@ int hybd_params_check(struct hybd_params *p, u32 *err_param);
 /* blk.c */
 extern const struct blk_mq_ops hybd_mq_ops;
 void hybd_queue_fail_all(struct hybd_queue *q);
-void hybd_copy_to_rq(struct request *rq, const u8 *src);
+void hybd_rq_copy(struct request *rq, u32 off, void *buf, u32 len, bool to_rq);
 
 /* bpf.c */
 int hybd_bpf_init(void);

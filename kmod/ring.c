@@ -119,8 +119,9 @@ static void hybd_end_slow(struct hybd_queue *q, struct hybd_tag *t, int res,
 	else if (res)
 		sts = errno_to_blk_status(res);
 	else if (req_op(rq) == REQ_OP_READ)
-		hybd_copy_to_rq(rq, q->data + (size_t)rq->tag *
-				q->dev->params.basic.max_io_bytes);
+		hybd_rq_copy(rq, 0, q->data + (size_t)rq->tag *
+			     q->dev->params.basic.max_io_bytes,
+			     blk_rq_bytes(rq), true);
 	t->bio.result = bad ? -EIO : res;
 	hybd_bpf_complete(q, t);
 	blk_mq_end_request(rq, sts);
