@@ -141,25 +141,32 @@ static void hybd_kick_worker(struct hybd_queue *q)
 }
 
 /*
+ * Drop q->lock, publishing first if the batch ends here (@publish), and
+ * wake the worker if that made anything new visible.
+ */
+static void hybd_unlock_publish(struct hybd_queue *q, bool publish)
+{
+	bool published = publish && hybd_publish(q);
+
+	spin_unlock(&q->lock);
+	if (published)
+		hybd_kick_worker(q);
+}
+
+/*
  * The fast path completed the request: count it, end it, and publish what
  * earlier requests of the batch left in the ring.
  */
 static blk_status_t hybd_end_fast(struct hybd_queue *q, struct request *rq,
 				  struct hybd_tag *t, int ret, bool last)
 {
-	bool published = false;
-
 	spin_lock(&q->lock);
 	q->stats.fast_done++;
 	if (ret)
 		q->stats.fast_errors++;
 	hybd_count_op(&q->stats, t->bio.op, t->bio.flags);
 	hybd_lat_add(q->stats.fast_lat, t->start_ns);
-	if (last)
-		published = hybd_publish(q);
-	spin_unlock(&q->lock);
-	if (published)
-		hybd_kick_worker(q);
+	hybd_unlock_publish(q, last);
 
 	blk_mq_end_request(rq, ret ? errno_to_blk_status(ret) : BLK_STS_OK);
 	return BLK_STS_OK;
@@ -173,7 +180,6 @@ static blk_status_t hybd_queue_rq(struct blk_mq_hw_ctx *hctx,
 	unsigned int tag = rq->tag;
 	u32 bytes = blk_rq_bytes(rq);
 	struct hybd_io_desc *desc;
-	bool published = false;
 	int op = hybd_rq_op(rq);
 	struct hybd_tag *t;
 	u16 flags;
@@ -218,11 +224,7 @@ static blk_status_t hybd_queue_rq(struct blk_mq_hw_ctx *hctx,
 	spin_lock(&q->lock);
 	if (q->dead) {
 		q->stats.failed_dead++;
-		if (bd->last)
-			published = hybd_publish(q);
-		spin_unlock(&q->lock);
-		if (published)
-			hybd_kick_worker(q);
+		hybd_unlock_publish(q, bd->last);
 		return BLK_STS_IOERR;
 	}
 
@@ -240,12 +242,7 @@ static blk_status_t hybd_queue_rq(struct blk_mq_hw_ctx *hctx,
 
 	q->stats.slow_issued++;
 	hybd_count_op(&q->stats, op, flags);
-	if (bd->last)
-		published = hybd_publish(q);
-	spin_unlock(&q->lock);
-
-	if (published)
-		hybd_kick_worker(q);
+	hybd_unlock_publish(q, bd->last);
 	return BLK_STS_OK;
 }
 
@@ -253,13 +250,9 @@ static blk_status_t hybd_queue_rq(struct blk_mq_hw_ctx *hctx,
 static void hybd_commit_rqs(struct blk_mq_hw_ctx *hctx)
 {
 	struct hybd_queue *q = hctx->driver_data;
-	bool published;
 
 	spin_lock(&q->lock);
-	published = hybd_publish(q);
-	spin_unlock(&q->lock);
-	if (published)
-		hybd_kick_worker(q);
+	hybd_unlock_publish(q, true);
 }
 
 /*
