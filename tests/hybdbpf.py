@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 import hybd_uapi as uapi
-from hybdlib import REPO, hybdctl, info, run, wait_for
+from hybdlib import (REPO, direct_read, direct_write, hybdctl, info, io_errno,
+                     run, wait_for)
 
 BLOCK = 4096
 PROGS = REPO / "bpf"
@@ -221,34 +222,12 @@ def read_blocks(dev, first, count):
 
 def read_errno(dev, offset, length=BLOCK):
     """One O_DIRECT read; returns the errno it failed with, or 0."""
-    buf = mmap.mmap(-1, max(length, mmap.PAGESIZE))
-    fd = os.open(dev, os.O_RDONLY | os.O_DIRECT)
-    try:
-        with memoryview(buf) as view:
-            os.preadv(fd, [view[:length]], offset)
-        return 0
-    except OSError as e:
-        return e.errno
-    finally:
-        os.close(fd)
-        buf.close()
+    return io_errno(direct_read, dev, offset, length)
 
 
 def write_errno(dev, offset, data):
     """One O_DIRECT write; returns the errno it failed with, or 0."""
-    buf = mmap.mmap(-1, max(len(data), mmap.PAGESIZE))
-    buf[:len(data)] = data
-    fd = os.open(dev, os.O_WRONLY | os.O_DIRECT)
-    try:
-        with memoryview(buf) as view:
-            os.pwritev(fd, [view[:len(data)]], offset)
-        return 0
-    except OSError as e:
-        return e.errno
-    finally:
-        os.close(fd)
-        buf.close()
-
+    return io_errno(direct_write, dev, offset, data)
 
 
 def need_bpf():

@@ -246,6 +246,16 @@ def direct_read(dev, offset, length):
         buf.close()
 
 
+def io_errno(op, *args, **kwargs):
+    """Run op (direct_read, direct_write, ...): the errno it failed with,
+    or 0."""
+    try:
+        op(*args, **kwargs)
+        return 0
+    except OSError as e:
+        return e.errno
+
+
 def first_difference(a, b):
     """'' if equal, else where they first differ (for assert messages)."""
     if a == b:

@@ -85,43 +85,35 @@ def test_fio_verify_random_rw_over_all_queues(ramdisk, bs, per_job, iodepth):
     assert counters["reads"] > 0 and counters["writes"] > 0, counters
 
 
-def test_discard_reads_back_zeros_and_spares_the_rest(ramdisk):
+# (flag, queue limit, counter, start MiB, length MiB): blkdiscard sends a
+# discard, blkdiscard -z a write-zeroes op (not zero-filled writes)
+ZEROING_OPS = {
+    "discard": ([], "discard_max_bytes", "discards", 2, 4),
+    "write-zeroes": (["-z"], "write_zeroes_max_bytes", "write_zeroes", 1, 3),
+}
+
+
+@pytest.mark.parametrize("op", ZEROING_OPS)
+def test_zeroing_op_reads_back_zeros_and_spares_the_rest(ramdisk, op):
+    flag, limit, counter, start, length = ZEROING_OPS[op]
     blkdiscard = need_tool("blkdiscard")
     srv = ramdisk(size="16M")
-    assert int(sysfs_queue(srv.dev, "discard_max_bytes")) > 0
-    data = pattern("discard", 8 * MiB)
+    assert int(sysfs_queue(srv.dev, limit)) > 0
+    data = pattern(op, 8 * MiB)
     direct_write(srv.dev, 0, data)
     before = stats(srv.dev)
 
-    run([blkdiscard, "-o", str(2 * MiB), "-l", str(4 * MiB), srv.dev],
-        check=True)
+    run([blkdiscard, *flag, "-o", str(start * MiB), "-l", str(length * MiB),
+         srv.dev], check=True)
 
-    assert_data(srv.dev, 2 * MiB, bytes(4 * MiB), "discarded range")
-    assert_data(srv.dev, 0, data[:2 * MiB], "before the discarded range")
-    assert_data(srv.dev, 6 * MiB, data[6 * MiB:], "after the discarded range")
-    assert stats(srv.dev)["discards"] > before["discards"]
+    end = (start + length) * MiB
+    assert_data(srv.dev, start * MiB, bytes(length * MiB), f"{op} range")
+    assert_data(srv.dev, 0, data[:start * MiB], f"before the {op} range")
+    assert_data(srv.dev, end, data[end:], f"after the {op} range")
+    # the op itself reached the server
+    assert stats(srv.dev)[counter] > before[counter]
     counters = srv.stop()
-    assert counters["discards"] > 0, counters
-
-
-def test_write_zeroes_reads_back_zeros_and_spares_the_rest(ramdisk):
-    blkdiscard = need_tool("blkdiscard")
-    srv = ramdisk(size="16M")
-    assert int(sysfs_queue(srv.dev, "write_zeroes_max_bytes")) > 0
-    data = pattern("zeroes", 8 * MiB)
-    direct_write(srv.dev, 0, data)
-    before = stats(srv.dev)
-
-    run([blkdiscard, "-z", "-o", str(1 * MiB), "-l", str(3 * MiB), srv.dev],
-        check=True)
-
-    assert_data(srv.dev, 1 * MiB, bytes(3 * MiB), "zeroed range")
-    assert_data(srv.dev, 0, data[:1 * MiB], "before the zeroed range")
-    assert_data(srv.dev, 4 * MiB, data[4 * MiB:], "after the zeroed range")
-    # the op itself reached the server, not a write of zero pages
-    assert stats(srv.dev)["write_zeroes"] > before["write_zeroes"]
-    counters = srv.stop()
-    assert counters["write_zeroes"] > 0, counters
+    assert counters[counter] > 0, counters
 
 
 def fsync_writes(dev, size=1 * MiB):

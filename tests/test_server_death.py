@@ -4,7 +4,6 @@ in-flight and later requests fail with EIO within seconds, the device turns
 dead and can be deleted, and other devices carry on."""
 
 import errno
-import mmap
 import os
 import subprocess
 import time
@@ -12,8 +11,8 @@ import time
 import pytest
 
 from hybdlib import (T_IO, stack_of, state_of, assert_data, del_device,
-                     device_ids, direct_write, hybdctl, info, need_tool,
-                     pattern, reap, run, wait_for)
+                     device_ids, direct_read, direct_write, hybdctl, info,
+                     io_errno, need_tool, pattern, reap, run, wait_for)
 
 MiB = 1 << 20
 # after the kill, in-flight I/O must fail within this (TCG is slow, but an
@@ -27,21 +26,9 @@ IO_ERRORS = (r"I/O error|Buffer I/O|EXT4-fs|JBD2|lost (async )?page write|"
 
 def read_errno(dev, offset=0, length=4096):
     """(errno or 0, seconds) of one O_DIRECT read."""
-    buf = mmap.mmap(-1, length)
     t0 = time.monotonic()
-    try:
-        fd = os.open(dev, os.O_RDONLY | os.O_DIRECT)
-    except OSError as e:
-        buf.close()
-        return e.errno, time.monotonic() - t0
-    try:
-        os.preadv(fd, [buf], offset)
-        return 0, time.monotonic() - t0
-    except OSError as e:
-        return e.errno, time.monotonic() - t0
-    finally:
-        os.close(fd)
-        buf.close()
+    e = io_errno(direct_read, dev, offset, length)
+    return e, time.monotonic() - t0
 
 
 def start_fio(dev, runtime=120, extra=()):
