@@ -28,11 +28,6 @@ int hybd__err(int err, const char *fmt, ...)
 	return err;
 }
 
-static int is_pow2(uint32_t v)
-{
-	return v && !(v & (v - 1));
-}
-
 static int dev_id_errmsg(char *buf, size_t size, int32_t dev_id, int err)
 {
 	if (dev_id < 0 || err == -ENOSPC)
@@ -97,7 +92,7 @@ static int discard_errmsg(char *buf, size_t size, const struct hybd_params *p)
 		return snprintf(buf, size,
 				"discard limits given but neither discard nor write-zeroes is enabled");
 	if (d->discard_granularity &&
-	    (!is_pow2(d->discard_granularity) || d->discard_granularity < lbs))
+	    (!hybd__is_pow2(d->discard_granularity) || d->discard_granularity < lbs))
 		return snprintf(buf, size,
 				"discard granularity %u: must be 0 (the logical block size) or a power of two >= the logical block size (%u)",
 				d->discard_granularity, lbs);

@@ -24,6 +24,11 @@
 #define hybd_read_once(p)	__atomic_load_n((p), __ATOMIC_RELAXED)
 #define hybd_write_once(p, v)	__atomic_store_n((p), (v), __ATOMIC_RELAXED)
 
+static inline int hybd__is_pow2(uint32_t v)
+{
+	return v && !(v & (v - 1));
+}
+
 struct hybd_queue;
 
 struct hybd_io {

@@ -22,11 +22,6 @@
 /* The worker of the queue this thread serves, NULL in other threads. */
 static __thread struct hybd_queue *hybd_current_queue;
 
-static int is_pow2(uint32_t v)
-{
-	return v && !(v & (v - 1));
-}
-
 /* Does [off, off + len) fit in @size, with @off aligned to @align? */
 static int region_ok(uint64_t off, uint64_t len, uint64_t align, size_t size)
 {
@@ -56,7 +51,7 @@ int hybd__queue_init(struct hybd_queue *q, struct hybd_dev *dev,
 
 	if (hybd_read_once(&hdr->queue_id) != id)
 		what = "queue_id";
-	else if (!is_pow2(entries) || entries < depth ||
+	else if (!hybd__is_pow2(entries) || entries < depth ||
 		 entries != info->ring_entries)
 		what = "ring_entries";
 	else if (!depth || depth != info->queue_depth)
