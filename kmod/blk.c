@@ -54,26 +54,70 @@ static u16 hybd_rq_flags(struct request *rq)
 	return flags;
 }
 
-static void hybd_count_op(struct hybd_queue_stats *s, int op, u16 flags)
+/* The HYBD_OPF_* bit that offers @op. */
+static u32 hybd_op_bit(int op)
+{
+	static const u32 bits[HYBD_OP_MAX] = {
+		[HYBD_OP_READ]		= HYBD_OPF_READ,
+		[HYBD_OP_WRITE]		= HYBD_OPF_WRITE,
+		[HYBD_OP_FLUSH]		= HYBD_OPF_FLUSH,
+		[HYBD_OP_DISCARD]	= HYBD_OPF_DISCARD,
+		[HYBD_OP_WRITE_ZEROES]	= HYBD_OPF_WRITE_ZEROES,
+	};
+
+	return bits[op];
+}
+
+static void hybd_count_op(struct hybd_queue *q, int op, u16 flags)
 {
 	switch (op) {
 	case HYBD_OP_READ:
-		s->reads++;
+		hybd_stat_inc(q, reads);
 		break;
 	case HYBD_OP_WRITE:
-		s->writes++;
+		hybd_stat_inc(q, writes);
 		if (flags & HYBD_IO_F_FUA)
-			s->fua++;
+			hybd_stat_inc(q, fua);
 		break;
 	case HYBD_OP_FLUSH:
-		s->flushes++;
+		hybd_stat_inc(q, flushes);
 		break;
 	case HYBD_OP_DISCARD:
-		s->discards++;
+		hybd_stat_inc(q, discards);
 		break;
 	case HYBD_OP_WRITE_ZEROES:
-		s->write_zeroes++;
+		hybd_stat_inc(q, write_zeroes);
 		break;
+	}
+}
+
+/**
+ * hybd_errno_status() - the block status for a server's or program's errno
+ * @err: 0 or a negative errno
+ *
+ * Only errnos with a meaning for a block device keep it; everything else
+ * (-EAGAIN, -ENOMEM and the like, which the block layer reserves for its
+ * own retry logic) is an I/O error.  The set is documented in uapi/hybd.h.
+ *
+ * Return: the blk_status_t to end the request with.
+ */
+blk_status_t hybd_errno_status(int err)
+{
+	switch (err) {
+	case 0:
+		return BLK_STS_OK;
+	case -EOPNOTSUPP:
+		return BLK_STS_NOTSUPP;
+	case -ENOSPC:
+		return BLK_STS_NOSPC;
+	case -ENODATA:
+		return BLK_STS_MEDIUM;
+	case -ETIMEDOUT:
+		return BLK_STS_TIMEOUT;
+	case -EILSEQ:
+		return BLK_STS_PROTECTION;
+	default:
+		return BLK_STS_IOERR;
 	}
 }
 
@@ -120,11 +164,15 @@ static bool hybd_publish(struct hybd_queue *q)
 {
 	if (q->sq_published == q->sq_tail)
 		return false;
-	/* descriptors and slots before the tail: pairs with the server's
-	 * load-acquire of sq_tail
+	/*
+	 * Descriptors, data and slots before the tail: the first pairs with
+	 * the server's load-acquire of hdr->sq_tail, the second with
+	 * hybd_srv_io()'s load-acquire of sq_published, whose value the
+	 * server uses without reading the header.
 	 */
 	smp_store_release(&q->hdr->sq_tail, q->sq_tail);
-	WRITE_ONCE(q->sq_published, q->sq_tail);
+	/* the same, for hybd_srv_io() */
+	smp_store_release(&q->sq_published, q->sq_tail);
 	return true;
 }
 
@@ -160,15 +208,17 @@ static void hybd_unlock_publish(struct hybd_queue *q, bool publish)
 static blk_status_t hybd_end_fast(struct hybd_queue *q, struct request *rq,
 				  struct hybd_tag *t, int ret, bool last)
 {
-	spin_lock(&q->lock);
-	q->stats.fast_done++;
+	hybd_stat_inc(q, fast_done);
 	if (ret)
-		q->stats.fast_errors++;
-	hybd_count_op(&q->stats, t->bio.op, t->bio.flags);
-	hybd_lat_add(q->stats.fast_lat, t->start_ns);
-	hybd_unlock_publish(q, last);
+		hybd_stat_inc(q, fast_errors);
+	hybd_count_op(q, t->bio.op, t->bio.flags);
+	hybd_lat_add(q, fast_lat, t->start_ns);
+	if (last) {
+		spin_lock(&q->lock);
+		hybd_unlock_publish(q, true);
+	}
 
-	blk_mq_end_request(rq, ret ? errno_to_blk_status(ret) : BLK_STS_OK);
+	blk_mq_end_request(rq, hybd_errno_status(ret));
 	return BLK_STS_OK;
 }
 
@@ -185,7 +235,10 @@ static blk_status_t hybd_queue_rq(struct blk_mq_hw_ctx *hctx,
 	u16 flags;
 	int ret;
 
-	if (op < 0)
+	/* the queue limits offer nothing else, but trust no upper layer */
+	if (op < 0 || !(q->dev->params.basic.ops & hybd_op_bit(op)) ||
+	    ((rq->cmd_flags & REQ_FUA) &&
+	     !(q->dev->params.basic.ops & HYBD_OPF_FUA)))
 		return BLK_STS_NOTSUPP;
 	if (WARN_ON_ONCE(tag >= q->dev->params.basic.queue_depth))
 		return BLK_STS_IOERR;
@@ -223,7 +276,7 @@ static blk_status_t hybd_queue_rq(struct blk_mq_hw_ctx *hctx,
 
 	spin_lock(&q->lock);
 	if (q->dead) {
-		q->stats.failed_dead++;
+		hybd_stat_inc(q, failed_dead);
 		hybd_unlock_publish(q, bd->last);
 		return BLK_STS_IOERR;
 	}
@@ -240,8 +293,8 @@ static blk_status_t hybd_queue_rq(struct blk_mq_hw_ctx *hctx,
 	WRITE_ONCE(q->sq[q->sq_tail & (q->dev->ring_entries - 1)], tag);
 	q->sq_tail++;
 
-	q->stats.slow_issued++;
-	hybd_count_op(&q->stats, op, flags);
+	hybd_stat_inc(q, slow_issued);
+	hybd_count_op(q, op, flags);
 	hybd_unlock_publish(q, bd->last);
 	return BLK_STS_OK;
 }
@@ -256,12 +309,44 @@ static void hybd_commit_rqs(struct blk_mq_hw_ctx *hctx)
 }
 
 /*
- * A slow server is not an error: its requests wait for it.  A dead one
- * has already failed them all.
+ * A request has waited for io_timeout seconds (or, without one, for the
+ * liveness interval).  A server whose process is exiting fails everything,
+ * even while something else keeps its file open; a live one that missed
+ * the timeout fails this request only, and its late completion is
+ * rejected (the tag is no longer in flight, or carries a newer seq).
  */
 static enum blk_eh_timer_return hybd_timeout(struct request *rq)
 {
-	return BLK_EH_RESET_TIMER;
+	struct hybd_queue *q = rq->mq_hctx->driver_data;
+	struct hybd_dev *dev = q->dev;
+	struct hybd_tag *t = &q->tags[rq->tag];
+	bool mine = false;
+
+	if (hybd_dev_server_gone(dev)) {
+		/* ends @rq too if it was in flight; else queue_rq fails it */
+		hybd_dev_kill(dev);
+		return BLK_EH_DONE;
+	}
+	if (!dev->params.basic.io_timeout)
+		return BLK_EH_RESET_TIMER;
+
+	spin_lock(&q->lock);
+	if (t->state == HYBD_TAG_INFLIGHT && t->rq == rq) {
+		t->state = HYBD_TAG_IDLE;
+		mine = true;
+	}
+	spin_unlock(&q->lock);
+	/* being completed right now, or not published yet: not ours to end */
+	if (!mine)
+		return BLK_EH_RESET_TIMER;
+
+	hybd_stat_inc(q, timed_out);
+	hybd_stat_inc(q, slow_errors);
+	/* the program learns of it: a write may or may not have happened */
+	t->bio.result = -EIO;
+	hybd_bpf_complete(q, t);
+	blk_mq_end_request(rq, BLK_STS_IOERR);
+	return BLK_EH_DONE;
 }
 
 const struct blk_mq_ops hybd_mq_ops = {
@@ -288,8 +373,7 @@ void hybd_queue_fail_all(struct hybd_queue *q)
 	spin_lock(&q->lock);
 	q->dead = true;
 	if (q->hdr)
-		WRITE_ONCE(q->hdr->flags, READ_ONCE(q->hdr->flags) |
-			   HYBD_RING_DEAD);
+		WRITE_ONCE(q->hdr->flags, q->hdr->flags | HYBD_RING_DEAD);
 	spin_unlock(&q->lock);
 
 	for (tag = 0; tag < depth; tag++) {
@@ -298,7 +382,7 @@ void hybd_queue_fail_all(struct hybd_queue *q)
 		if (q->tags[tag].state == HYBD_TAG_INFLIGHT) {
 			q->tags[tag].state = HYBD_TAG_IDLE;
 			rq = q->tags[tag].rq;
-			q->stats.failed_dead++;
+			hybd_stat_inc(q, failed_dead);
 		}
 		spin_unlock(&q->lock);
 		if (rq)

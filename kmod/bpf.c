@@ -395,9 +395,7 @@ int hybd_bpf_submit(struct hybd_queue *q, struct hybd_tag *t)
 		return ret;
 	if (ret < 0 && ret >= -MAX_ERRNO)
 		return ret;
-	spin_lock(&q->lock);
-	q->stats.bpf_bad_ret++;
-	spin_unlock(&q->lock);
+	hybd_stat_inc(q, bpf_bad_ret);
 	return -EIO;
 }
 

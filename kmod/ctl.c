@@ -55,7 +55,8 @@ static long hybd_ctl_features(void __user *arg)
 	memset(&f, 0, sizeof(f));
 	f.len = sizeof(f);
 	f.abi_version = HYBD_ABI_VERSION;
-	f.features = HYBD_F_RINGS | HYBD_F_POLL | HYBD_F_SEQ_CHECK;
+	f.features = HYBD_F_RINGS | HYBD_F_POLL | HYBD_F_SEQ_CHECK |
+		     HYBD_F_IO_TIMEOUT | HYBD_F_DEL_FORCE;
 	if (hybd_bpf_ready)
 		f.features |= HYBD_F_BPF;
 	return hybd_copy_out(arg, &f, sizeof(f));
@@ -65,7 +66,7 @@ static long hybd_ctl_add(struct hybd_ctl_add __user *arg)
 {
 	struct hybd_ctl_add add;
 	struct hybd_dev *dev;
-	u32 err = HYBD_PERR_NONE;
+	u32 err = HYBD_PERR_NONE, len;
 	int ret;
 
 	ret = hybd_copy_in(&add, sizeof(add), sizeof(add), arg);
@@ -96,14 +97,18 @@ static long hybd_ctl_add(struct hybd_ctl_add __user *arg)
 	}
 	if (put_user(dev->id, &arg->dev_id) ||
 	    copy_to_user(&arg->params, &dev->params, sizeof(dev->params))) {
-		hybd_dev_delete(dev);
+		hybd_dev_delete(dev, 0, false);
 		hybd_dev_put(dev);
 		return -EFAULT;
 	}
 	hybd_dev_put(dev);
 	return 0;
 out:
-	if (put_user(err, &arg->err_param))
+	/* a structure too short to hold err_param gets only the errno */
+	if (get_user(len, &arg->len))
+		return -EFAULT;
+	if (len >= offsetofend(struct hybd_ctl_add, err_param) &&
+	    put_user(err, &arg->err_param))
 		return -EFAULT;
 	return ret;
 }
@@ -117,7 +122,7 @@ static long hybd_ctl_del(void __user *arg)
 	ret = hybd_copy_in(&cmd, sizeof(cmd), sizeof(cmd), arg);
 	if (ret)
 		return ret;
-	if (cmd.flags)
+	if (cmd.flags & ~HYBD_DEL_F_ALL)
 		return -EOPNOTSUPP;
 	if (cmd.reserved0)
 		return -EINVAL;
@@ -125,9 +130,9 @@ static long hybd_ctl_del(void __user *arg)
 	dev = hybd_dev_get(cmd.dev_id);
 	if (!dev)
 		return -ENODEV;
-	hybd_dev_delete(dev);
+	ret = hybd_dev_delete(dev, cmd.flags, true);
 	hybd_dev_put(dev);
-	return 0;
+	return ret;
 }
 
 static long hybd_ctl_info(void __user *arg)

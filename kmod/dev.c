@@ -3,12 +3,14 @@
  * hybd - the life of a device.
  *
  *   ADDED --(server opens node, HYBD_SRV_START)--> LIVE
- *   ADDED/LIVE --(server's file released)--> DEAD   (all I/O fails)
+ *   ADDED/LIVE --(server's file released, or its process exits)--> DEAD
+ *                                                  (all I/O fails)
  *   any --(HYBD_CTL_DEL or module unload)--> DELETING, then gone
  *
- * @dev->lock serialises start, delete and state changes.  Failing the
- * queues never needs it: a server that dies while add_disk() waits for its
- * I/O must be able to fail that I/O.
+ * Nothing that waits holds a lock: add_disk() and del_gendisk() run in
+ * works, their callers wait killably, and @dev->state_lock is a spinlock.
+ * A server that dies while add_disk() or del_gendisk() waits for its I/O
+ * fails that I/O, and so does the I/O timeout for a server that is stuck.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
@@ -79,8 +81,6 @@ int hybd_params_check(struct hybd_params *p, u32 *err_param)
 		return PERR(HYBD_PERR_TYPES, -EOPNOTSUPP);
 	if (!(p->types & HYBD_PARAM_BASIC))
 		return PERR(HYBD_PERR_TYPES, -EINVAL);
-	if (b->reserved0)
-		return PERR(HYBD_PERR_RESERVED, -EINVAL);
 	for (i = 0; i < ARRAY_SIZE(b->reserved); i++)
 		if (b->reserved[i])
 			return PERR(HYBD_PERR_RESERVED, -EINVAL);
@@ -127,6 +127,8 @@ int hybd_params_check(struct hybd_params *p, u32 *err_param)
 		return PERR(HYBD_PERR_FLAGS, -EINVAL);
 	if (b->poll_ns > HYBD_MAX_POLL_NS)
 		return PERR(HYBD_PERR_POLL, -ERANGE);
+	if (b->io_timeout > HYBD_MAX_IO_TIMEOUT)
+		return PERR(HYBD_PERR_IO_TIMEOUT, -ERANGE);
 
 	return hybd_discard_check(p, err_param);
 }
@@ -141,6 +143,7 @@ static void hybd_dev_free(struct kref *ref)
 			hybd_queue_free(&dev->queues[i]);
 		kfree(dev->queues);
 	}
+	put_pid(dev->server_pid);
 	kfree(dev);
 }
 
@@ -152,12 +155,13 @@ void hybd_dev_put(struct hybd_dev *dev)
 static int hybd_dev_init_tag_set(struct hybd_dev *dev)
 {
 	struct blk_mq_tag_set *set = &dev->tag_set;
+	u32 tmo = dev->params.basic.io_timeout;
 
 	set->ops = &hybd_mq_ops;
 	set->nr_hw_queues = dev->params.basic.nr_hw_queues;
 	set->queue_depth = dev->params.basic.queue_depth;
 	set->numa_node = NUMA_NO_NODE;
-	set->timeout = HYBD_IO_TIMEOUT;
+	set->timeout = tmo ? tmo * HZ : HYBD_LIVENESS_TIMEOUT;
 	set->flags = BLK_MQ_F_SHOULD_MERGE;
 	set->driver_data = dev;
 	return blk_mq_alloc_tag_set(set);
@@ -205,13 +209,19 @@ static void hybd_dev_del_srv_node(struct hybd_dev *dev)
 	dev->cdev = NULL;
 }
 
+static void hybd_dev_start_work(struct work_struct *work);
+static void hybd_dev_del_work(struct work_struct *work);
+
 /**
  * hybd_dev_create() - create a device from checked parameters
  * @p: parameters, already through hybd_params_check()
  * @id: wanted id or HYBD_DEV_ID_ANY
  *
  * The device has its queues and server node; the block device appears when
- * the server starts it.
+ * the server starts it.  blk-mq may give fewer hardware queues than asked
+ * (never more than CPUs): the device's params say how many it has.  The
+ * device is published in the table only once it is complete, so that
+ * nobody can find (and delete) a device whose creation may still fail.
  *
  * Return: the device with one reference for the caller (the table holds
  * another), or an ERR_PTR.
@@ -219,55 +229,55 @@ static void hybd_dev_del_srv_node(struct hybd_dev *dev)
 struct hybd_dev *hybd_dev_create(const struct hybd_params *p, u32 id)
 {
 	struct hybd_dev *dev;
-	unsigned int i, nr = p->basic.nr_hw_queues;
+	unsigned int i, nr;
 	int ret;
 
 	dev = kzalloc(sizeof(*dev), GFP_KERNEL);
 	if (!dev)
 		return ERR_PTR(-ENOMEM);
 	kref_init(&dev->ref);
-	mutex_init(&dev->lock);
+	spin_lock_init(&dev->state_lock);
 	init_completion(&dev->started);
+	init_completion(&dev->deleted);
 	INIT_WORK(&dev->start_work, hybd_dev_start_work);
+	INIT_WORK(&dev->del_work, hybd_dev_del_work);
 	dev->params = *p;
 	dev->state = HYBD_STATE_ADDED;
 	dev->ring_entries = roundup_pow_of_two(p->basic.queue_depth);
 
+	ret = hybd_dev_init_tag_set(dev);
+	if (ret)
+		goto out_free;
+	/* blk-mq caps the hardware queues at the number of CPUs */
+	nr = min_t(unsigned int, dev->tag_set.nr_hw_queues,
+		   p->basic.nr_hw_queues);
+	dev->params.basic.nr_hw_queues = nr;
+
 	dev->queues = kcalloc(nr, sizeof(*dev->queues), GFP_KERNEL);
 	if (!dev->queues) {
 		ret = -ENOMEM;
-		goto out_free;
+		goto out_tag_set;
 	}
 	for (i = 0; i < nr; i++) {
 		ret = hybd_queue_alloc(dev, &dev->queues[i], i);
 		if (ret)
-			goto out_free;
+			goto out_tag_set;
 	}
 	dev->queue_stride = PAGE_ALIGN(dev->queues[0].area_size);
 
-	ret = hybd_dev_init_tag_set(dev);
+	ret = hybd_dev_reserve_id(dev, id);
 	if (ret)
-		goto out_free;
-
-	/* until the table knows the device nobody else can reach it */
-	mutex_lock(&dev->lock);
-	ret = hybd_dev_insert(dev, id);
-	if (ret) {
-		mutex_unlock(&dev->lock);
 		goto out_tag_set;
-	}
 	ret = hybd_dev_add_srv_node(dev);
-	if (ret) {
-		hybd_dev_remove_id(dev);
-		mutex_unlock(&dev->lock);
-		goto out_tag_set;
-	}
-	dev->has_tag_set = true;
-	mutex_unlock(&dev->lock);
+	if (ret)
+		goto out_id;
 
 	kref_get(&dev->ref);	/* the caller's */
+	hybd_dev_publish(dev);	/* the table's, from here on */
 	return dev;
 
+out_id:
+	hybd_dev_remove_id(dev);
 out_tag_set:
 	blk_mq_free_tag_set(&dev->tag_set);
 out_free:
@@ -302,21 +312,23 @@ static void hybd_set_limits(struct hybd_dev *dev, struct queue_limits *lim)
 
 /*
  * add_disk() scans partitions, and that I/O is served by the very process
- * that asked to start.  It runs here, in a worker, so that the server can
+ * that asked to start.  It runs here, in a work, so that the server can
  * be killed at any point: its death fails the I/O and this returns.
  */
-void hybd_dev_start_work(struct work_struct *work)
+static void hybd_dev_start_work(struct work_struct *work)
 {
 	struct hybd_dev *dev = container_of(work, struct hybd_dev, start_work);
 	struct queue_limits lim = { };
 	struct gendisk *disk;
-	int ret;
+	int ret = 0;
 
-	mutex_lock(&dev->lock);
-	if (dev->state != HYBD_STATE_ADDED) {
+	spin_lock(&dev->state_lock);
+	if (dev->state != HYBD_STATE_ADDED)
 		ret = -ENODEV;
+	spin_unlock(&dev->state_lock);
+	if (ret)
 		goto out;
-	}
+
 	hybd_set_limits(dev, &lim);
 	disk = blk_mq_alloc_disk(&dev->tag_set, &lim, dev);
 	if (IS_ERR(disk)) {
@@ -330,20 +342,22 @@ void hybd_dev_start_work(struct work_struct *work)
 	if (!(dev->params.basic.ops & HYBD_OPF_WRITE))
 		set_disk_ro(disk, true);
 
-	dev->state = HYBD_STATE_LIVE;
 	ret = add_disk(disk);
 	if (ret) {
-		dev->state = HYBD_STATE_ADDED;
 		put_disk(disk);
 		goto out;
 	}
+	/*
+	 * A delete waits for this work before it looks at dev->disk; a
+	 * server that died while we scanned made the device DEAD already.
+	 */
+	spin_lock(&dev->state_lock);
 	dev->disk = disk;
-	/* the server died while we scanned: the device is dead after all */
-	if (dev->queues[0].dead)
-		dev->state = HYBD_STATE_DEAD;
+	if (dev->state == HYBD_STATE_ADDED)
+		dev->state = HYBD_STATE_LIVE;
+	spin_unlock(&dev->state_lock);
 out:
 	dev->start_ret = ret;
-	mutex_unlock(&dev->lock);
 	complete_all(&dev->started);
 	hybd_dev_put(dev);
 }
@@ -354,26 +368,26 @@ out:
  *
  * Return: 0, -EALREADY if started, -ENODEV if dead or deleted, -EINTR if
  * the caller was killed while the partitions were scanned (the device is
- * then killed by the server file's release).
+ * then killed by the server's exit).
  */
 int hybd_dev_start(struct hybd_dev *dev)
 {
-	int ret;
+	int ret = 0;
 
-	mutex_lock(&dev->lock);
-	if (dev->state != HYBD_STATE_ADDED || dev->start_queued) {
-		ret = dev->state == HYBD_STATE_LIVE || dev->start_queued ?
-		      -EALREADY : -ENODEV;
-		mutex_unlock(&dev->lock);
-		return ret;
-	}
-	dev->start_queued = true;
-	kref_get(&dev->ref);	/* the work's */
-	queue_work(system_unbound_wq, &dev->start_work);
-	mutex_unlock(&dev->lock);
-
-	ret = wait_for_completion_killable(&dev->started);
+	spin_lock(&dev->state_lock);
+	if (dev->start_queued || dev->state == HYBD_STATE_LIVE)
+		ret = -EALREADY;
+	else if (dev->state != HYBD_STATE_ADDED)
+		ret = -ENODEV;
+	else
+		dev->start_queued = true;
+	spin_unlock(&dev->state_lock);
 	if (ret)
+		return ret;
+
+	kref_get(&dev->ref);	/* the work's */
+	queue_work(hybd_wq, &dev->start_work);
+	if (wait_for_completion_killable(&dev->started))
 		return -EINTR;
 	return dev->start_ret;
 }
@@ -382,7 +396,8 @@ int hybd_dev_start(struct hybd_dev *dev)
  * hybd_dev_kill() - the server is gone: fail every request, now and later
  * @dev: the device
  *
- * Safe to call more than once and from the server file's release.
+ * Safe to call more than once, from the server file's release, the I/O
+ * timeout handler and a delete; it never sleeps.
  */
 void hybd_dev_kill(struct hybd_dev *dev)
 {
@@ -391,60 +406,111 @@ void hybd_dev_kill(struct hybd_dev *dev)
 	for (i = 0; i < dev->params.basic.nr_hw_queues; i++)
 		hybd_queue_fail_all(&dev->queues[i]);
 
-	mutex_lock(&dev->lock);
+	spin_lock(&dev->state_lock);
 	if (dev->state == HYBD_STATE_ADDED || dev->state == HYBD_STATE_LIVE)
 		dev->state = HYBD_STATE_DEAD;
-	mutex_unlock(&dev->lock);
+	spin_unlock(&dev->state_lock);
+}
+
+/**
+ * hybd_dev_server_gone() - is the process serving the device exiting?
+ * @dev: the device
+ *
+ * The server's file can outlive its process (a child that inherited the
+ * descriptor, a file passed on): a server is gone as soon as its thread
+ * group exits or is killed, whoever still holds the file.
+ *
+ * Return: true if a server opened the device and its process is exiting
+ * or gone.
+ */
+bool hybd_dev_server_gone(struct hybd_dev *dev)
+{
+	struct task_struct *task;
+	struct pid *pid;
+	bool gone;
+
+	spin_lock(&dev->state_lock);
+	pid = dev->server_open ? get_pid(dev->server_pid) : NULL;
+	spin_unlock(&dev->state_lock);
+	if (!pid)
+		return false;
+
+	rcu_read_lock();
+	task = pid_task(pid, PIDTYPE_TGID);
+	gone = !task || (READ_ONCE(task->signal->flags) & SIGNAL_GROUP_EXIT);
+	rcu_read_unlock();
+	put_pid(pid);
+	return gone;
+}
+
+/*
+ * Remove the block device and everything else.  A live server keeps
+ * serving while the disk goes, so that data the block layer still holds
+ * (dirty pages, requests in flight) reaches it; a stuck one is ended by the
+ * I/O timeout, a dead one has failed everything already, and a forced
+ * delete failed it all before this ran.
+ */
+static void hybd_dev_del_work(struct work_struct *work)
+{
+	struct hybd_dev *dev = container_of(work, struct hybd_dev, del_work);
+	struct gendisk *disk;
+
+	/* a start finishes first: it may be adding the disk right now */
+	flush_work(&dev->start_work);
+	spin_lock(&dev->state_lock);
+	disk = dev->disk;
+	spin_unlock(&dev->state_lock);
+
+	if (disk)
+		del_gendisk(disk);
+	hybd_dev_kill(dev);
+	hybd_bpf_dev_gone(dev);
+	if (disk) {
+		spin_lock(&dev->state_lock);
+		dev->disk = NULL;
+		spin_unlock(&dev->state_lock);
+		put_disk(disk);
+	}
+	blk_mq_free_tag_set(&dev->tag_set);
+	hybd_dev_del_srv_node(dev);
+	/* the id (and the names hybdN, hybdN-srv) can be reused from here */
+	hybd_dev_remove_id(dev);
+
+	complete_all(&dev->deleted);
+	hybd_dev_put(dev);	/* the table's */
 }
 
 /**
  * hybd_dev_delete() - remove the device
  * @dev: the device; the caller holds a reference
+ * @flags: HYBD_DEL_F_*; with HYBD_DEL_F_FORCE, outstanding I/O fails now
+ * @killable: whether a fatal signal ends the wait (not the delete)
  *
- * A live server keeps serving while the disk is removed, so data the
- * block layer still holds (dirty pages, in-flight writes) reaches it.
- * Then every queue fails, sleeping workers are woken with -ENODEV, and the
- * table's reference is dropped.  The memory goes with the last reference,
- * when the server has unmapped and closed its node.
+ * The first call starts the delete in a work; every call waits for it.
+ *
+ * Return: 0 once the device is gone, -EINTR if the caller was killed first
+ * (the delete goes on).
  */
-void hybd_dev_delete(struct hybd_dev *dev)
+int hybd_dev_delete(struct hybd_dev *dev, u32 flags, bool killable)
 {
-	bool started;
+	bool first;
 
-	/* a start in progress finishes first (it may need the server) */
-	mutex_lock(&dev->lock);
-	started = dev->start_queued;
-	mutex_unlock(&dev->lock);
-	if (started)
-		wait_for_completion(&dev->started);
-
-	mutex_lock(&dev->lock);
-	if (dev->state == HYBD_STATE_DELETING) {
-		mutex_unlock(&dev->lock);
-		return;
-	}
+	spin_lock(&dev->state_lock);
+	first = !dev->del_queued;
+	dev->del_queued = true;
 	dev->state = HYBD_STATE_DELETING;
-	if (dev->disk)
-		del_gendisk(dev->disk);
-	mutex_unlock(&dev->lock);
+	spin_unlock(&dev->state_lock);
 
-	hybd_dev_kill(dev);
-	hybd_bpf_dev_gone(dev);
+	if (flags & HYBD_DEL_F_FORCE)
+		hybd_dev_kill(dev);
+	if (first)
+		queue_work(hybd_wq, &dev->del_work);	/* takes the table's ref */
 
-	mutex_lock(&dev->lock);
-	if (dev->disk) {
-		put_disk(dev->disk);
-		dev->disk = NULL;
+	if (!killable) {
+		wait_for_completion(&dev->deleted);
+		return 0;
 	}
-	if (dev->has_tag_set) {
-		blk_mq_free_tag_set(&dev->tag_set);
-		dev->has_tag_set = false;
-	}
-	hybd_dev_del_srv_node(dev);
-	mutex_unlock(&dev->lock);
-
-	hybd_dev_remove_id(dev);
-	hybd_dev_put(dev);	/* the table's */
+	return wait_for_completion_killable(&dev->deleted) ? -EINTR : 0;
 }
 
 /**
@@ -454,34 +520,36 @@ void hybd_dev_delete(struct hybd_dev *dev)
  */
 void hybd_queue_stat_add(struct hybd_queue *q, struct hybd_queue_stat *dst)
 {
-	struct hybd_queue_stats *qs = &q->stats;
 	struct hybd_dev_stats *s = &dst->c;
-	int i;
+	int cpu, i;
 
-	spin_lock(&q->lock);
-	s->slow_issued += qs->slow_issued;
-	s->slow_done += qs->slow_done;
-	s->slow_errors += qs->slow_errors;
-	s->fast_done += qs->fast_done;
-	s->fast_errors += qs->fast_errors;
-	s->failed_dead += qs->failed_dead;
-	s->reads += qs->reads;
-	s->writes += qs->writes;
-	s->flushes += qs->flushes;
-	s->fua += qs->fua;
-	s->discards += qs->discards;
-	s->write_zeroes += qs->write_zeroes;
-	s->rej_bad_tag += qs->rej_bad_tag;
-	s->rej_not_outstanding += qs->rej_not_outstanding;
-	s->rej_stale_seq += qs->rej_stale_seq;
-	s->rej_bad_result += qs->rej_bad_result;
-	s->rej_ring_index += qs->rej_ring_index;
-	s->bpf_bad_ret += qs->bpf_bad_ret;
-	for (i = 0; i < HYBD_LAT_BUCKETS; i++) {
-		dst->fast_lat[i] += qs->fast_lat[i];
-		dst->slow_lat[i] += qs->slow_lat[i];
+	for_each_possible_cpu(cpu) {
+		const struct hybd_queue_stats *qs = per_cpu_ptr(q->stats, cpu);
+
+		s->slow_issued += qs->slow_issued;
+		s->slow_done += qs->slow_done;
+		s->slow_errors += qs->slow_errors;
+		s->fast_done += qs->fast_done;
+		s->fast_errors += qs->fast_errors;
+		s->failed_dead += qs->failed_dead;
+		s->reads += qs->reads;
+		s->writes += qs->writes;
+		s->flushes += qs->flushes;
+		s->fua += qs->fua;
+		s->discards += qs->discards;
+		s->write_zeroes += qs->write_zeroes;
+		s->rej_bad_tag += qs->rej_bad_tag;
+		s->rej_not_outstanding += qs->rej_not_outstanding;
+		s->rej_stale_seq += qs->rej_stale_seq;
+		s->rej_bad_result += qs->rej_bad_result;
+		s->rej_ring_index += qs->rej_ring_index;
+		s->bpf_bad_ret += qs->bpf_bad_ret;
+		s->timed_out += qs->timed_out;
+		for (i = 0; i < HYBD_LAT_BUCKETS; i++) {
+			dst->fast_lat[i] += qs->fast_lat[i];
+			dst->slow_lat[i] += qs->slow_lat[i];
+		}
 	}
-	spin_unlock(&q->lock);
 }
 
 static void hybd_dev_sum_stats(struct hybd_dev *dev, struct hybd_dev_stats *s)
@@ -499,15 +567,16 @@ static void hybd_dev_sum_stats(struct hybd_dev *dev, struct hybd_dev_stats *s)
 
 void hybd_dev_fill_info(struct hybd_dev *dev, struct hybd_dev_info *info)
 {
-	mutex_lock(&dev->lock);
+	spin_lock(&dev->state_lock);
 	info->state = dev->state;
-	info->server_pid = dev->server_open ? dev->server_pid : 0;
+	/* the pid as the caller's namespace sees it (0 if it cannot) */
+	info->server_pid = dev->server_open ? pid_vnr(dev->server_pid) : 0;
 	if (dev->disk) {
 		info->disk_major = dev->disk->major;
 		info->disk_minor = dev->disk->first_minor;
 	}
+	spin_unlock(&dev->state_lock);
 	info->params = dev->params;
-	mutex_unlock(&dev->lock);
 	info->len = sizeof(*info);
 	hybd_bpf_fill_info(dev, info);
 	hybd_dev_sum_stats(dev, &info->stats);

@@ -25,7 +25,8 @@
 
 struct bpf_link;
 
-#define HYBD_IO_TIMEOUT		(30 * HZ)
+/* without an I/O timeout, how often a request checks its server lives */
+#define HYBD_LIVENESS_TIMEOUT	(30 * HZ)
 
 /* Per-tag state, kept in kernel memory: the ring is never trusted. */
 enum hybd_tag_state {
@@ -42,7 +43,11 @@ struct hybd_tag {
 	struct hybd_bpf_io bio;		/* what the BPF program sees */
 };
 
-/* Per-queue counters; summed into struct hybd_dev_stats on demand. */
+/*
+ * Per-queue counters, per CPU so that no path takes a lock to count:
+ * updated with this_cpu_inc() (preemption-safe), summed on demand into
+ * struct hybd_dev_stats.
+ */
 struct hybd_queue_stats {
 	u64 slow_issued, slow_done, slow_errors;
 	u64 fast_done, fast_errors;
@@ -51,9 +56,12 @@ struct hybd_queue_stats {
 	u64 rej_bad_tag, rej_not_outstanding, rej_stale_seq;
 	u64 rej_bad_result, rej_ring_index;
 	u64 bpf_bad_ret;
+	u64 timed_out;
 	u64 fast_lat[HYBD_LAT_BUCKETS];
 	u64 slow_lat[HYBD_LAT_BUCKETS];
 };
+
+#define hybd_stat_inc(q, field)	this_cpu_inc((q)->stats->field)
 
 struct hybd_queue {
 	struct hybd_dev		*dev;
@@ -70,7 +78,7 @@ struct hybd_queue {
 
 	/*
 	 * @lock protects the tag states, the kernel's ring indices, @dead
-	 * and the counters.  queue_rq can run on several CPUs for one hctx,
+	 * and hdr->flags.  queue_rq can run on several CPUs for one hctx,
 	 * and the server may commit from several threads.
 	 */
 	spinlock_t		lock;
@@ -81,7 +89,7 @@ struct hybd_queue {
 	u32			cq_head;	/* next cqe the kernel reads */
 	u64			next_seq;
 	bool			dead;
-	struct hybd_queue_stats	stats;
+	struct hybd_queue_stats __percpu *stats;
 
 	/* a worker sleeping in HYBD_SRV_IO; queue_rq wakes only these */
 	wait_queue_head_t	wq;
@@ -96,19 +104,31 @@ struct hybd_dev {
 	u32			ring_entries;
 	u64			queue_stride;
 
-	/* serialises start, kill and delete; protects what follows */
-	struct mutex		lock;
+	/*
+	 * @state_lock protects what follows up to @disk.  It is a spinlock,
+	 * never held across anything that waits, so that list/info, a dying
+	 * server and the I/O timeout never wait for a stuck start or delete.
+	 */
+	spinlock_t		state_lock;
 	enum hybd_dev_state	state;
 	bool			server_open;
-	pid_t			server_pid;
-	bool			has_tag_set;
+	struct pid		*server_pid;	/* the server's thread group */
 	bool			start_queued;
+	bool			del_queued;
+	struct gendisk		*disk;		/* set once add_disk() is done */
+
+	/*
+	 * add_disk() and del_gendisk() run in works on hybd_wq, so that the
+	 * callers (the server, hybdctl) wait killably; module exit drains
+	 * the workqueue, so no work's tail runs after rmmod.
+	 */
 	int			start_ret;
 	struct work_struct	start_work;
 	struct completion	started;
+	struct work_struct	del_work;
+	struct completion	deleted;
 
 	struct blk_mq_tag_set	tag_set;
-	struct gendisk		*disk;
 	struct hybd_queue	*queues;
 
 	struct cdev		*cdev;
@@ -122,11 +142,13 @@ struct hybd_dev {
 };
 
 /* main.c */
+extern struct workqueue_struct *hybd_wq;
 extern struct class *hybd_class;
 extern dev_t hybd_srv_devt;
 extern bool hybd_bpf_ready;
 struct hybd_dev *hybd_dev_get(u32 id);
-int hybd_dev_insert(struct hybd_dev *dev, u32 id);
+int hybd_dev_reserve_id(struct hybd_dev *dev, u32 id);
+void hybd_dev_publish(struct hybd_dev *dev);
 void hybd_dev_remove_id(struct hybd_dev *dev);
 int hybd_dev_list(u32 *ids, u32 room);
 
@@ -137,9 +159,9 @@ void hybd_ctl_exit(void);
 /* dev.c */
 struct hybd_dev *hybd_dev_create(const struct hybd_params *p, u32 id);
 int hybd_dev_start(struct hybd_dev *dev);
-void hybd_dev_start_work(struct work_struct *work);
 void hybd_dev_kill(struct hybd_dev *dev);
-void hybd_dev_delete(struct hybd_dev *dev);
+bool hybd_dev_server_gone(struct hybd_dev *dev);
+int hybd_dev_delete(struct hybd_dev *dev, u32 flags, bool killable);
 void hybd_dev_put(struct hybd_dev *dev);
 void hybd_dev_fill_info(struct hybd_dev *dev, struct hybd_dev_info *info);
 void hybd_queue_stat_add(struct hybd_queue *q, struct hybd_queue_stat *dst);
@@ -157,12 +179,17 @@ int hybd_bpf_submit(struct hybd_queue *q, struct hybd_tag *t);
 void hybd_bpf_complete(struct hybd_queue *q, struct hybd_tag *t);
 void hybd_bpf_fill_info(struct hybd_dev *dev, struct hybd_dev_info *info);
 
-static inline void hybd_lat_add(u64 *hist, u64 start_ns)
+static inline unsigned int hybd_lat_bucket(u64 start_ns)
 {
 	u64 d = ktime_get_ns() - start_ns;
 
-	hist[d ? min_t(unsigned int, ilog2(d), HYBD_LAT_BUCKETS - 1) : 0]++;
+	return d ? min_t(unsigned int, ilog2(d), HYBD_LAT_BUCKETS - 1) : 0;
 }
+
+#define hybd_lat_add(q, hist, start_ns) \
+	this_cpu_inc((q)->stats->hist[hybd_lat_bucket(start_ns)])
+
+blk_status_t hybd_errno_status(int err);
 
 /* ring.c */
 extern const struct file_operations hybd_srv_fops;

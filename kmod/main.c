@@ -13,6 +13,7 @@
 
 #include "hybd.h"
 
+struct workqueue_struct *hybd_wq;
 struct class *hybd_class;
 dev_t hybd_srv_devt;
 bool hybd_bpf_ready;
@@ -39,24 +40,28 @@ struct hybd_dev *hybd_dev_get(u32 id)
 }
 
 /**
- * hybd_dev_insert() - give a new device an id
+ * hybd_dev_reserve_id() - give a new device an id, not yet published
  * @dev: the device
  * @id: wanted id or HYBD_DEV_ID_ANY
  *
+ * The id is taken, but hybd_dev_get() does not find the device until
+ * hybd_dev_publish().
+ *
  * Return: 0, -EEXIST if @id is taken, -ENOSPC if every id is.
  */
-int hybd_dev_insert(struct hybd_dev *dev, u32 id)
+int hybd_dev_reserve_id(struct hybd_dev *dev, u32 id)
 {
 	int ret;
 
 	mutex_lock(&hybd_devs_lock);
 	if (id == HYBD_DEV_ID_ANY) {
-		ret = xa_alloc(&hybd_devs, &dev->id, dev,
+		/* storing NULL in an allocating xarray reserves the index */
+		ret = xa_alloc(&hybd_devs, &dev->id, NULL,
 			       XA_LIMIT(0, HYBD_MAX_DEVICES - 1), GFP_KERNEL);
 		if (ret == -EBUSY)
 			ret = -ENOSPC;
 	} else {
-		ret = xa_insert(&hybd_devs, id, dev, GFP_KERNEL);
+		ret = xa_insert(&hybd_devs, id, NULL, GFP_KERNEL);
 		if (ret == -EBUSY)
 			ret = -EEXIST;
 		else if (!ret)
@@ -66,11 +71,23 @@ int hybd_dev_insert(struct hybd_dev *dev, u32 id)
 	return ret;
 }
 
-/* Forget the device's id; it can be reused from now on. */
-void hybd_dev_remove_id(struct hybd_dev *dev)
+/* Make a complete device findable; the table owns a reference from now. */
+void hybd_dev_publish(struct hybd_dev *dev)
 {
 	mutex_lock(&hybd_devs_lock);
-	if (xa_load(&hybd_devs, dev->id) == dev)
+	/* the slot is reserved: storing into it allocates nothing */
+	WARN_ON(xa_store(&hybd_devs, dev->id, dev, GFP_KERNEL));
+	mutex_unlock(&hybd_devs_lock);
+}
+
+/* Forget the device's id (reserved or published); it can be reused. */
+void hybd_dev_remove_id(struct hybd_dev *dev)
+{
+	void *cur;
+
+	mutex_lock(&hybd_devs_lock);
+	cur = xa_load(&hybd_devs, dev->id);
+	if (cur == dev || !cur)
 		xa_erase(&hybd_devs, dev->id);
 	mutex_unlock(&hybd_devs_lock);
 }
@@ -112,7 +129,7 @@ static void hybd_delete_all(void)
 		mutex_unlock(&hybd_devs_lock);
 		if (!dev)
 			break;
-		hybd_dev_delete(dev);
+		hybd_dev_delete(dev, 0, false);
 		hybd_dev_put(dev);
 	}
 }
@@ -121,10 +138,15 @@ static int __init hybd_init(void)
 {
 	int ret;
 
+	/* add_disk() and del_gendisk() do I/O: they may run under reclaim */
+	hybd_wq = alloc_workqueue("hybd", WQ_UNBOUND | WQ_MEM_RECLAIM, 0);
+	if (!hybd_wq)
+		return -ENOMEM;
+
 	ret = alloc_chrdev_region(&hybd_srv_devt, 0, HYBD_MAX_DEVICES,
 				  "hybd-srv");
 	if (ret)
-		return ret;
+		goto out_wq;
 
 	hybd_class = class_create("hybd");
 	if (IS_ERR(hybd_class)) {
@@ -149,6 +171,8 @@ out_class:
 	class_destroy(hybd_class);
 out_chrdev:
 	unregister_chrdev_region(hybd_srv_devt, HYBD_MAX_DEVICES);
+out_wq:
+	destroy_workqueue(hybd_wq);
 	return ret;
 }
 
@@ -160,6 +184,8 @@ static void __exit hybd_exit(void)
 {
 	hybd_ctl_exit();
 	hybd_delete_all();
+	/* the tails of the last start and delete works */
+	destroy_workqueue(hybd_wq);
 	class_destroy(hybd_class);
 	unregister_chrdev_region(hybd_srv_devt, HYBD_MAX_DEVICES);
 	pr_info("unloaded\n");

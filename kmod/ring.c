@@ -22,6 +22,8 @@
 
 /* completions taken from the ring per hold of the queue lock */
 #define HYBD_COMMIT_BATCH	32
+/* at most this many rings' worth of completions per HYBD_SRV_IO call */
+#define HYBD_COMMIT_ROUNDS	4
 
 /**
  * hybd_queue_area_size() - lay out a queue's shared area
@@ -68,6 +70,9 @@ int hybd_queue_alloc(struct hybd_dev *dev, struct hybd_queue *q,
 			  GFP_KERNEL);
 	if (!q->tags)
 		return -ENOMEM;
+	q->stats = alloc_percpu(struct hybd_queue_stats);
+	if (!q->stats)
+		return -ENOMEM;
 
 	q->area_size = hybd_queue_area_size(&dev->params, dev->ring_entries,
 					    &sq_off, &cq_off, &desc_off,
@@ -102,6 +107,8 @@ void hybd_queue_free(struct hybd_queue *q)
 	q->hdr = NULL;
 	kfree(q->tags);
 	q->tags = NULL;
+	free_percpu(q->stats);
+	q->stats = NULL;
 }
 
 /*
@@ -117,7 +124,7 @@ static void hybd_end_slow(struct hybd_queue *q, struct hybd_tag *t, int res,
 	if (bad)
 		sts = BLK_STS_IOERR;
 	else if (res)
-		sts = errno_to_blk_status(res);
+		sts = hybd_errno_status(res);
 	else if (req_op(rq) == REQ_OP_READ)
 		hybd_rq_copy(rq, 0, q->data + (size_t)rq->tag *
 			     q->dev->params.basic.max_io_bytes,
@@ -142,6 +149,8 @@ static int hybd_queue_commit(struct hybd_queue *q)
 {
 	u32 mask = q->dev->ring_entries - 1;
 	u32 depth = q->dev->params.basic.queue_depth;
+	/* a server that keeps posting cannot keep us here for ever */
+	int budget = HYBD_COMMIT_ROUNDS * q->dev->ring_entries;
 	struct {
 		struct hybd_tag *t;
 		int res;
@@ -163,7 +172,7 @@ static int hybd_queue_commit(struct hybd_queue *q)
 		avail = tail - q->cq_head;
 		if (avail > q->dev->ring_entries) {
 			/* the server moved its tail past anything possible */
-			q->stats.rej_ring_index++;
+			hybd_stat_inc(q, rej_ring_index);
 			q->cq_head = tail;
 			avail = 0;
 		}
@@ -175,16 +184,16 @@ static int hybd_queue_commit(struct hybd_queue *q)
 			struct hybd_tag *t;
 
 			if (tag >= depth) {
-				q->stats.rej_bad_tag++;
+				hybd_stat_inc(q, rej_bad_tag);
 				continue;
 			}
 			t = &q->tags[tag];
 			if (t->state != HYBD_TAG_INFLIGHT) {
-				q->stats.rej_not_outstanding++;
+				hybd_stat_inc(q, rej_not_outstanding);
 				continue;
 			}
 			if (seq != t->seq) {
-				q->stats.rej_stale_seq++;
+				hybd_stat_inc(q, rej_stale_seq);
 				continue;
 			}
 			t->state = HYBD_TAG_IDLE;
@@ -192,22 +201,27 @@ static int hybd_queue_commit(struct hybd_queue *q)
 			batch[n].res = res;
 			batch[n].bad = res > 0 || res < -MAX_ERRNO;
 			if (batch[n].bad)
-				q->stats.rej_bad_result++;
+				hybd_stat_inc(q, rej_bad_result);
 			if (res)
-				q->stats.slow_errors++;
-			q->stats.slow_done++;
-			hybd_lat_add(q->stats.slow_lat, t->start_ns);
+				hybd_stat_inc(q, slow_errors);
+			hybd_stat_inc(q, slow_done);
+			hybd_lat_add(q, slow_lat, t->start_ns);
 			n++;
 		}
-		WRITE_ONCE(q->hdr->cq_head, q->cq_head);
+		/* we are done reading the cqes before it: the server may
+		 * reuse their slots once it sees this (load-acquire)
+		 */
+		smp_store_release(&q->hdr->cq_head, q->cq_head);
 		spin_unlock(&q->lock);
 
 		for (i = 0; i < n; i++)
 			hybd_end_slow(q, batch[i].t, batch[i].res,
 				      batch[i].bad);
 		done += n;
-		if (n < HYBD_COMMIT_BATCH)
+		budget -= HYBD_COMMIT_BATCH;
+		if (n < HYBD_COMMIT_BATCH || budget <= 0)
 			break;
+		cond_resched();
 	}
 	return done;
 }
@@ -242,15 +256,18 @@ static int hybd_queue_wait(struct hybd_queue *q)
 			 single_task_running() && !signal_pending(current));
 	}
 
+	/* the flags word is the kernel's, changed under the queue lock only */
+	spin_lock(&q->lock);
 	WRITE_ONCE(q->need_wakeup, true);
-	WRITE_ONCE(q->hdr->flags,
-		   READ_ONCE(q->hdr->flags) | HYBD_RING_NEED_WAKEUP);
+	WRITE_ONCE(q->hdr->flags, q->hdr->flags | HYBD_RING_NEED_WAKEUP);
+	spin_unlock(&q->lock);
 	/* pairs with hybd_kick_worker(): publish, barrier, read need_wakeup */
 	smp_mb();
 	ret = wait_event_interruptible(q->wq, hybd_queue_has_work(q));
+	spin_lock(&q->lock);
 	WRITE_ONCE(q->need_wakeup, false);
-	WRITE_ONCE(q->hdr->flags,
-		   READ_ONCE(q->hdr->flags) & ~HYBD_RING_NEED_WAKEUP);
+	WRITE_ONCE(q->hdr->flags, q->hdr->flags & ~HYBD_RING_NEED_WAKEUP);
+	spin_unlock(&q->lock);
 	return ret;
 }
 
@@ -275,8 +292,16 @@ static long hybd_srv_io(struct hybd_dev *dev, struct hybd_srv_io __user *arg)
 	done = hybd_queue_commit(q);
 	if (io.flags & HYBD_SRV_IO_WAIT) {
 		ret = hybd_queue_wait(q);
-		if (ret)
+		if (ret) {
+			/*
+			 * A fatal signal is for the whole server process: its
+			 * workers are going away, and whoever else holds the
+			 * file will not serve the queues.
+			 */
+			if (fatal_signal_pending(current))
+				hybd_dev_kill(dev);
 			return -EINTR;
+		}
 	}
 	if (READ_ONCE(q->dead))
 		return -ENODEV;
@@ -284,8 +309,9 @@ static long hybd_srv_io(struct hybd_dev *dev, struct hybd_srv_io __user *arg)
 	/*
 	 * Only the worker (WAIT) consumes: a commit from another thread must
 	 * not make the worker's next wait miss submissions it never saw.
+	 * Acquire: the descriptors before it (hybd_publish()).
 	 */
-	io.sq_tail = READ_ONCE(q->sq_published);
+	io.sq_tail = smp_load_acquire(&q->sq_published);
 	if (io.flags & HYBD_SRV_IO_WAIT) {
 		WRITE_ONCE(q->kicked, false);
 		WRITE_ONCE(q->sq_returned, io.sq_tail);
@@ -372,6 +398,11 @@ static int hybd_srv_mmap(struct file *file, struct vm_area_struct *vma)
 	/* the area is shared with the kernel: never copy-on-write it */
 	if (!(vma->vm_flags & VM_SHARED))
 		return -EINVAL;
+	/*
+	 * A child of the server does not inherit the rings: a mapping would
+	 * keep the server's file, and so a dead server, alive.
+	 */
+	vm_flags_set(vma, VM_DONTCOPY);
 	return remap_vmalloc_range(vma, q->area, 0);
 }
 
@@ -387,16 +418,17 @@ static int hybd_srv_open(struct inode *inode, struct file *file)
 		goto out_put;
 	}
 
-	mutex_lock(&dev->lock);
+	spin_lock(&dev->state_lock);
 	if (dev->state != HYBD_STATE_ADDED)
 		ret = -ENODEV;
 	else if (dev->server_open)
 		ret = -EBUSY;
 	if (!ret) {
 		dev->server_open = true;
-		dev->server_pid = task_tgid_vnr(current);
+		put_pid(dev->server_pid);
+		dev->server_pid = get_pid(task_tgid(current));
 	}
-	mutex_unlock(&dev->lock);
+	spin_unlock(&dev->state_lock);
 	if (ret)
 		goto out_put;
 
@@ -418,9 +450,9 @@ static int hybd_srv_release(struct inode *inode, struct file *file)
 	struct hybd_dev *dev = file->private_data;
 
 	hybd_dev_kill(dev);
-	mutex_lock(&dev->lock);
+	spin_lock(&dev->state_lock);
 	dev->server_open = false;
-	mutex_unlock(&dev->lock);
+	spin_unlock(&dev->state_lock);
 	hybd_dev_put(dev);
 	return 0;
 }

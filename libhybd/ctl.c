@@ -23,6 +23,7 @@ void hybd_config_init(struct hybd_config *cfg)
 	cfg->queue_depth = 64;
 	cfg->ops = HYBD_OPF_ALL;
 	cfg->flags = HYBD_DEV_F_WRITE_CACHE;
+	cfg->io_timeout = 30;
 	cfg->dev_id = -1;
 }
 
@@ -68,6 +69,7 @@ int hybd__config_to_params(const struct hybd_config *cfg,
 	p->basic.ops = cfg->ops;
 	p->basic.flags = cfg->flags;
 	p->basic.poll_ns = cfg->poll_ns;
+	p->basic.io_timeout = cfg->io_timeout;
 	if (cfg->max_discard_bytes || cfg->discard_granularity ||
 	    cfg->max_write_zeroes_bytes) {
 		p->types |= HYBD_PARAM_DISCARD;
@@ -237,13 +239,27 @@ int hybd__ctl_del(uint32_t id)
 	return ret < 0 ? ret : 0;
 }
 
-int hybd_ctl_del(uint32_t id)
+int hybd_ctl_del_flags(uint32_t id, uint32_t flags)
 {
-	struct hybd_ctl_dev d = { .len = sizeof(d), .dev_id = id };
+	struct hybd_ctl_dev d = { .len = sizeof(d), .dev_id = id,
+				  .flags = flags };
 	int ret;
 
 	ret = ctl_ioctl(HYBD_CTL_DEL, "HYBD_CTL_DEL", id, &d, 0);
+	if (ret == -EINTR)
+		return hybd__err(ret,
+				 "deleting hybd%u: interrupted (the delete goes on in the kernel)",
+				 id);
+	if (ret == -EOPNOTSUPP && flags)
+		return hybd__err(ret,
+				 "deleting hybd%u: the loaded module does not know flags 0x%x",
+				 id, flags);
 	return ret < 0 ? ret : 0;
+}
+
+int hybd_ctl_del(uint32_t id)
+{
+	return hybd_ctl_del_flags(id, 0);
 }
 
 int hybd_ctl_add(const struct hybd_config *cfg, uint32_t *id_out)

@@ -198,6 +198,10 @@ int hybd__param_errmsg(char *buf, size_t size, const struct hybd_params *p,
 				b->poll_ns, HYBD_MAX_POLL_NS);
 	case HYBD_PERR_DISCARD:
 		return discard_errmsg(buf, size, p);
+	case HYBD_PERR_IO_TIMEOUT:
+		return snprintf(buf, size,
+				"I/O timeout %u s: must be at most %u s (0: none)",
+				b->io_timeout, HYBD_MAX_IO_TIMEOUT);
 	default:
 		return generic_errmsg(buf, size, err);
 	}

@@ -32,7 +32,7 @@ extern "C" {
 #endif
 
 #define HYBD_LIB_VERSION_MAJOR	1
-#define HYBD_LIB_VERSION_MINOR	1
+#define HYBD_LIB_VERSION_MINOR	2
 
 /* A device served by this process (opaque). */
 struct hybd_dev;
@@ -62,7 +62,8 @@ struct hybd_config {
 	uint32_t max_discard_bytes;	/* 0: kernel default */
 	uint32_t discard_granularity;	/* 0: logical block size */
 	uint32_t max_write_zeroes_bytes; /* 0: kernel default */
-	uint32_t reserved[10];		/* zero (set by hybd_config_init) */
+	uint32_t io_timeout;		/* seconds a request may take; 0: none */
+	uint32_t reserved[9];		/* zero (set by hybd_config_init) */
 };
 
 /*
@@ -71,7 +72,9 @@ struct hybd_config {
  * size 0 (the caller must set it), 4 KiB logical and physical blocks, one
  * queue per online CPU (at most HYBD_MAX_QUEUES), depth 64, 1 MiB max I/O,
  * every operation (read, write, flush, FUA, discard, write-zeroes), a
- * volatile write cache, no busy-polling, any device id, workers pinned.
+ * volatile write cache, no busy-polling, a 30 s I/O timeout (a request the
+ * handlers have not completed by then fails with EIO), any device id,
+ * workers pinned.
  */
 void hybd_config_init(struct hybd_config *cfg);
 
@@ -247,9 +250,20 @@ int hybd_ctl_stats(uint32_t id, struct hybd_ctl_stats *st,
 
 /*
  * hybd_ctl_del - delete device @id.  A served device is drained through its
- * server first; its workers then exit.  RETURN VALUE: 0 or -errno.
+ * server first; its workers then exit.  A server that does not complete
+ * what is outstanding holds the delete up to the device's I/O timeout.
+ * RETURN VALUE: 0 or -errno (-EINTR: a signal interrupted the wait; the
+ * delete goes on in the kernel).
  */
 int hybd_ctl_del(uint32_t id);
+
+/*
+ * hybd_ctl_del_flags - hybd_ctl_del() with HYBD_DEL_F_* flags:
+ * HYBD_DEL_F_FORCE fails every outstanding request at once (data not yet
+ * written by the server is lost), also for a delete already under way.
+ * RETURN VALUE: 0 or -errno (-EOPNOTSUPP: a flag the kernel does not know).
+ */
+int hybd_ctl_del_flags(uint32_t id, uint32_t flags);
 
 /*
  * hybd_ctl_add - add a device described by @cfg without serving it.  It

@@ -29,7 +29,11 @@ static const char usage_text[] =
 "  features [--json]       show the module's ABI version and features\n"
 "  add [OPTIONS]           add a device without a server (it stays \"added\")\n"
 "                          and print its id\n"
-"  del DEV                 delete a device (a served one is drained first)\n"
+"  del DEV [--force]       delete a device: a served one is drained first (a\n"
+"                          server that does not answer holds it up to the\n"
+"                          device's I/O timeout); --force fails outstanding\n"
+"                          I/O at once (unwritten data is lost), also for a\n"
+"                          delete already under way"
 "  attach PROG.bpf.o DEV [--replace]\n"
 "                          load a BPF fast path and attach it to DEV; link and\n"
 "                          maps are pinned under /sys/fs/bpf/hybd/N/ and stay\n"
@@ -68,6 +72,8 @@ static const char usage_text[] =
 "  --no-write-cache        no volatile write cache (drops flush and fua from\n"
 "                          the default ops)\n"
 "  --poll-ns N             worker busy-poll before sleeping (default 0)\n"
+"  --io-timeout SECONDS    fail a request the server has not completed in\n"
+"                          time with EIO (default 30; 0: wait for ever)\n"
 "  --id N                  wanted device id (default: any free one)\n"
 "  --max-discard BYTES     discard limit (default: the kernel's)\n"
 "  --discard-granularity BYTES\n"
@@ -96,7 +102,7 @@ static const struct {
 	STAT(reads), STAT(writes), STAT(flushes), STAT(fua), STAT(discards),
 	STAT(write_zeroes), STAT(rej_bad_tag), STAT(rej_not_outstanding),
 	STAT(rej_stale_seq), STAT(rej_bad_result), STAT(rej_ring_index),
-	STAT(bpf_bad_ret),
+	STAT(bpf_bad_ret), STAT(timed_out),
 };
 
 static const struct {
@@ -107,6 +113,8 @@ static const struct {
 	{ HYBD_F_POLL, "poll" },
 	{ HYBD_F_SEQ_CHECK, "seq_check" },
 	{ HYBD_F_BPF, "bpf" },
+	{ HYBD_F_IO_TIMEOUT, "io_timeout" },
+	{ HYBD_F_DEL_FORCE, "del_force" },
 };
 
 #define ARRAY_SIZE(a)	(sizeof(a) / sizeof((a)[0]))
@@ -407,9 +415,9 @@ static void info_json(uint32_t id, const struct hybd_dev_info *info)
 	       (uint64_t)b->dev_size, b->logical_bs, b->physical_bs,
 	       b->nr_hw_queues, b->queue_depth, b->max_io_bytes);
 	print_ops_json(b->ops);
-	printf(",\"write_cache\":%s,\"poll_ns\":%u,",
+	printf(",\"write_cache\":%s,\"poll_ns\":%u,\"io_timeout\":%u,",
 	       b->flags & HYBD_DEV_F_WRITE_CACHE ? "true" : "false",
-	       b->poll_ns);
+	       b->poll_ns, b->io_timeout);
 	printf("\"max_discard_bytes\":%u,\"discard_granularity\":%u,"
 	       "\"max_write_zeroes_bytes\":%u,", d->max_discard_bytes,
 	       d->discard_granularity, d->max_write_zeroes_bytes);
@@ -451,6 +459,10 @@ static void info_text(uint32_t id, const struct hybd_dev_info *info)
 	printf("%-24s %s\n", "write_cache",
 	       b->flags & HYBD_DEV_F_WRITE_CACHE ? "on" : "off");
 	printf("%-24s %u\n", "poll_ns", b->poll_ns);
+	if (b->io_timeout)
+		printf("%-24s %u s\n", "io_timeout", b->io_timeout);
+	else
+		printf("%-24s none\n", "io_timeout");
 	printf("%-24s %u\n", "max_discard_bytes", d->max_discard_bytes);
 	printf("%-24s %u\n", "discard_granularity", d->discard_granularity);
 	printf("%-24s %u\n", "max_write_zeroes_bytes",
@@ -516,13 +528,20 @@ static int cmd_info(int argc, char **argv)
 
 static int cmd_del(int argc, char **argv)
 {
-	int ret;
-	uint32_t id;
+	uint32_t id, flags = 0;
+	int i, n = 0, ret;
 
-	ret = dev_arg_only("del", argc, argv, &id);
+	/* --force anywhere; what is left must be exactly DEV */
+	for (i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--force"))
+			flags |= HYBD_DEL_F_FORCE;
+		else
+			argv[++n] = argv[i];
+	}
+	ret = dev_arg_only("del", n + 1, argv, &id);
 	if (ret >= 0)
 		return ret;
-	ret = hybd_ctl_del(id);
+	ret = hybd_ctl_del_flags(id, flags);
 	if (ret < 0)
 		return failed("del", ret);
 	return EXIT_SUCCESS;
@@ -594,7 +613,7 @@ static int parse_bytes32(const char *opt, const char *s, uint32_t *v)
 enum {
 	OPT_SIZE = 256, OPT_LBS, OPT_PBS, OPT_QUEUES, OPT_DEPTH, OPT_MAX_IO,
 	OPT_OPS, OPT_NO_WC, OPT_POLL, OPT_ID, OPT_MAX_DISCARD,
-	OPT_DISCARD_GRAN, OPT_MAX_WZ,
+	OPT_DISCARD_GRAN, OPT_MAX_WZ, OPT_IO_TIMEOUT,
 };
 
 static int cmd_add(int argc, char **argv)
@@ -609,6 +628,7 @@ static int cmd_add(int argc, char **argv)
 		{ "ops", required_argument, NULL, OPT_OPS },
 		{ "no-write-cache", no_argument, NULL, OPT_NO_WC },
 		{ "poll-ns", required_argument, NULL, OPT_POLL },
+		{ "io-timeout", required_argument, NULL, OPT_IO_TIMEOUT },
 		{ "id", required_argument, NULL, OPT_ID },
 		{ "max-discard", required_argument, NULL, OPT_MAX_DISCARD },
 		{ "discard-granularity", required_argument, NULL,
@@ -662,6 +682,10 @@ static int cmd_add(int argc, char **argv)
 			break;
 		case OPT_POLL:
 			ret = parse_u32("--poll-ns", optarg, &cfg.poll_ns);
+			break;
+		case OPT_IO_TIMEOUT:
+			ret = parse_u32("--io-timeout", optarg,
+					&cfg.io_timeout);
 			break;
 		case OPT_ID:
 			ret = parse_u32("--id", optarg, &id);

@@ -43,6 +43,7 @@
 #define HYBD_MAX_QUEUE_BUF	(256U << 20)	/* depth * max_io per queue */
 #define HYBD_MAX_POLL_NS	1000000U	/* 1 ms */
 #define HYBD_MAX_DEV_SIZE	(1ULL << 50)	/* 1 PiB */
+#define HYBD_MAX_IO_TIMEOUT	3600U		/* seconds */
 #define HYBD_DEV_ID_ANY		((__u32)-1)
 
 /*
@@ -57,6 +58,18 @@
 #define HYBD_F_SEQ_CHECK	(1ULL << 2)
 /* BPF fast path (struct hybd_ops) can be attached to a device */
 #define HYBD_F_BPF		(1ULL << 3)
+/*
+ * hybd_param_basic.io_timeout: a request the server has not completed in
+ * time fails with EIO (counted in timed_out); its late completion is
+ * rejected.  A server whose process is exiting is detected at the latest
+ * when one of its requests times out (or every 30 s without io_timeout).
+ */
+#define HYBD_F_IO_TIMEOUT	(1ULL << 4)
+/*
+ * HYBD_CTL_DEL returns -EINTR when its caller is killed (the delete goes on
+ * in the kernel), and HYBD_DEL_F_FORCE fails outstanding I/O at once.
+ */
+#define HYBD_F_DEL_FORCE	(1ULL << 5)
 
 /*
  * Supported operations (hybd_param_basic.ops).  READ is mandatory; a
@@ -92,7 +105,7 @@ struct hybd_param_basic {
 	__u32	ops;		/* HYBD_OPF_* */
 	__u32	flags;		/* HYBD_DEV_F_* */
 	__u32	poll_ns;	/* busy-poll before sleeping, 0..HYBD_MAX_POLL_NS */
-	__u32	reserved0;
+	__u32	io_timeout;	/* seconds, 0..HYBD_MAX_IO_TIMEOUT; 0: none */
 	__u64	reserved[4];
 };
 
@@ -135,6 +148,7 @@ enum hybd_param_err {
 	HYBD_PERR_FLAGS,
 	HYBD_PERR_POLL,
 	HYBD_PERR_DISCARD,
+	HYBD_PERR_IO_TIMEOUT,
 	HYBD_PERR_MAX,
 };
 
@@ -148,11 +162,21 @@ struct hybd_ctl_add {
 	struct hybd_params params;
 };
 
-/* HYBD_CTL_DEL */
+/*
+ * HYBD_CTL_DEL: remove the block device, then the device.  While a server
+ * serves it, data the block layer still holds (dirty pages, requests in
+ * flight) reaches the server first; a server that does not complete them
+ * holds the delete up to the I/O timeout.  The caller may be killed while it
+ * waits (-EINTR): the delete goes on in the kernel, and another
+ * HYBD_CTL_DEL (HYBD_DEL_F_FORCE to end it) waits for the same delete.
+ */
+#define HYBD_DEL_F_FORCE	(1U << 0)	/* fail outstanding I/O at once */
+#define HYBD_DEL_F_ALL		0x1U
+
 struct hybd_ctl_dev {
 	__u32	len;
 	__u32	dev_id;
-	__u32	flags;		/* none defined yet: must be zero */
+	__u32	flags;		/* HYBD_DEL_F_* */
 	__u32	reserved0;
 };
 
@@ -182,11 +206,14 @@ struct hybd_dev_stats {
 	__u64	rej_bad_tag;	/* tag >= queue depth */
 	__u64	rej_not_outstanding;	/* tag not in flight (duplicates too) */
 	__u64	rej_stale_seq;	/* seq does not match the tag's request */
-	__u64	rej_bad_result;	/* result not 0 or -errno: request fails
-				 * with EIO (and counts in slow_errors) */
+	/* result not 0 or -errno: the request fails with EIO (and counts
+	 * in slow_errors too)
+	 */
+	__u64	rej_bad_result;
 	__u64	rej_ring_index;	/* cq tail moved by more than the ring size */
 	__u64	bpf_bad_ret;	/* fast path returned outside the contract */
-	__u64	reserved[14];
+	__u64	timed_out;	/* not completed within io_timeout: EIO */
+	__u64	reserved[13];
 };
 
 /* HYBD_CTL_INFO */
@@ -194,7 +221,10 @@ struct hybd_dev_info {
 	__u32	len;		/* in: sizeof(struct hybd_dev_info) */
 	__u32	dev_id;		/* in */
 	__u32	state;		/* out: enum hybd_dev_state */
-	__s32	server_pid;	/* out: 0 if none */
+	/* out: the server's pid in the caller's pid namespace; 0 if there is
+	 * none or it is not visible there
+	 */
+	__s32	server_pid;
 	__u32	disk_major;	/* out: 0 until started */
 	__u32	disk_minor;
 	__u32	bpf_link_id;	/* out: link of the attached fast path, 0 if none */
@@ -279,9 +309,28 @@ struct hybd_ctl_features {
  * cq[cq_tail] and advances cq_tail; the kernel consumes them on the next
  * HYBD_SRV_IO and stores cq_head.
  *
+ * Memory ordering (what a server on a weakly ordered CPU may rely on):
+ * - the kernel stores hdr->sq_tail with release semantics after the
+ *   descriptors and write data it covers, and HYBD_SRV_IO returns sq_tail
+ *   after an acquire of the same value: load hdr->sq_tail with acquire (or
+ *   use the returned value) before reading desc[] and data[];
+ * - the kernel loads hdr->cq_tail with acquire: store it with release
+ *   after the cqes and read data it covers;
+ * - the kernel stores hdr->cq_head with release after it has read the
+ *   cqes before it: a server may reuse a cq slot once it has loaded
+ *   hdr->cq_head (acquire) past it.
+ * - hdr->flags is written by the kernel only, under its queue lock.
+ *
  * The kernel never trusts this memory: it keeps its own copy of every
  * request's state, reads each completion once, and rejects and counts any
  * that is not for an outstanding tag with the matching seq.
+ *
+ * The per-tag data buffer belongs to the request until it completes.  A
+ * request that timed out (io_timeout) is failed by the kernel and its tag
+ * may be reused at once, buffer included: a server still working on a
+ * timed-out request can corrupt the payload of the tag's next request.
+ * Choose an I/O timeout no healthy server misses; a server that misses it
+ * should be restarted.
  */
 #define HYBD_RING_NEED_WAKEUP	(1U << 0)	/* worker sleeps in HYBD_SRV_IO */
 #define HYBD_RING_DEAD		(1U << 1)	/* device is dead/deleted */
@@ -329,6 +378,13 @@ struct hybd_io_desc {
 	__u64	reserved1;
 };
 
+/*
+ * hybd_cqe.result (and a BPF submit()'s -errno) as the block layer and the
+ * reader see it: -EOPNOTSUPP, -ENOSPC, -ENODATA (medium error), -ETIMEDOUT
+ * and -EILSEQ (integrity error) keep their meaning; every other errno is
+ * an I/O error (EIO), in particular -EAGAIN and -ENOMEM, which inside the
+ * block layer mean "retry later", not "this request failed".
+ */
 struct hybd_cqe {
 	__u32	tag;
 	__s32	result;		/* 0 or -errno (-1..-4095) */
