@@ -170,10 +170,10 @@ def ramdisk(servers):
 
 @pytest.fixture
 def badserver(servers):
-    """badserver(mode) starts tests/helpers/badserver MODE."""
-    def start(mode):
+    """badserver(mode, *args) starts tests/helpers/badserver MODE ARGS."""
+    def start(mode, *args):
         need_built(BADSERVER, "tests/helpers/badserver")
-        return servers.start([BADSERVER, mode])
+        return servers.start([BADSERVER, mode, *args])
     return start
 
 

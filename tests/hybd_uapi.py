@@ -19,10 +19,13 @@ MAX_QUEUE_DEPTH = 1024
 MAX_IO_BYTES = 1 << 20
 MAX_QUEUE_BUF = 256 << 20
 MAX_POLL_NS = 1000000
+MAX_IO_TIMEOUT = 3600
 DEV_ID_ANY = 0xFFFFFFFF
 
 F_RINGS, F_POLL, F_SEQ_CHECK, F_BPF = 1, 2, 4, 8
-F_KNOWN = F_RINGS | F_POLL | F_SEQ_CHECK | F_BPF
+F_IO_TIMEOUT, F_DEL_FORCE = 16, 32
+F_KNOWN = F_RINGS | F_POLL | F_SEQ_CHECK | F_BPF | F_IO_TIMEOUT | F_DEL_FORCE
+DEL_F_FORCE = 1
 
 OPF_READ, OPF_WRITE, OPF_FLUSH, OPF_FUA = 1, 2, 4, 8
 OPF_DISCARD, OPF_WRITE_ZEROES = 16, 32
@@ -33,7 +36,8 @@ PARAM_BASIC, PARAM_DISCARD = 1, 2
 # enum hybd_param_err
 (PERR_NONE, PERR_LEN, PERR_TYPES, PERR_RESERVED, PERR_DEV_ID, PERR_SIZE,
  PERR_LOGICAL_BS, PERR_PHYSICAL_BS, PERR_MAX_IO, PERR_QUEUES, PERR_DEPTH,
- PERR_QUEUE_BUF, PERR_OPS, PERR_FLAGS, PERR_POLL, PERR_DISCARD) = range(16)
+ PERR_QUEUE_BUF, PERR_OPS, PERR_FLAGS, PERR_POLL, PERR_DISCARD,
+ PERR_IO_TIMEOUT) = range(17)
 
 # struct layouts (little-endian x86-64, natural alignment)
 BASIC_FMT = "QIIIHHIIII4Q"          # struct hybd_param_basic, 72 bytes
@@ -58,7 +62,7 @@ STATS_FIELDS = (
     "slow_issued", "slow_done", "slow_errors", "fast_done", "fast_errors",
     "failed_dead", "reads", "writes", "flushes", "fua", "discards",
     "write_zeroes", "rej_bad_tag", "rej_not_outstanding", "rej_stale_seq",
-    "rej_bad_result", "rej_ring_index", "bpf_bad_ret",
+    "rej_bad_result", "rej_ring_index", "bpf_bad_ret", "timed_out",
 )
 
 SIZES = {
@@ -135,10 +139,10 @@ class Control:
 
 def basic(size=16 << 20, lbs=4096, pbs=0, max_io=128 << 10, queues=1,
           depth=16, ops=OPF_READ | OPF_WRITE, flags=0, poll_ns=0,
-          reserved0=0, reserved=(0, 0, 0, 0)):
+          io_timeout=0, reserved=(0, 0, 0, 0)):
     """Field values of a struct hybd_param_basic, as a list."""
     return [size, lbs, pbs, max_io, queues, depth, ops, flags, poll_ns,
-            reserved0, *reserved]
+            io_timeout, *reserved]
 
 
 def discard_block(max_discard=0, granularity=0, max_wz=0, reserved0=0,

@@ -107,8 +107,11 @@ def test_cli_features_matches_the_ioctl(ctl):
 B, D = u.basic, u.discard_block
 RW = u.OPF_READ | u.OPF_WRITE
 RAW_ADD_CASES = [
-    ("len-0", dict(length=0), EINVAL, u.PERR_LEN),
-    ("len-too-small", dict(length=8), EINVAL, u.PERR_LEN),
+    # a struct too short to hold err_param gets the errno only: the kernel
+    # must not write past the length the caller gave (review finding 11)
+    ("len-0", dict(length=0), EINVAL, u.PERR_NONE),
+    ("len-too-small", dict(length=8), EINVAL, u.PERR_NONE),
+    ("len-just-err-param", dict(length=12), EINVAL, u.PERR_LEN),
     ("len-one-short", dict(length=u.ADD_SIZE - 8), EINVAL, u.PERR_LEN),
     ("trailing-nonzero-byte", dict(extra=b"\0" * 7 + b"\1"), errno.E2BIG, u.PERR_LEN),
     ("params-len-too-small", dict(params_len=8), EINVAL, u.PERR_LEN),
@@ -116,7 +119,8 @@ RAW_ADD_CASES = [
     ("types-without-basic", dict(types=0), EINVAL, u.PERR_TYPES),
     ("add-reserved0", dict(reserved0=1), EINVAL, u.PERR_RESERVED),
     ("add-reserved1", dict(reserved=(0, 1)), EINVAL, u.PERR_RESERVED),
-    ("basic-reserved0", dict(b=B(reserved0=1)), EINVAL, u.PERR_RESERVED),
+    ("io-timeout-too-long", dict(b=B(io_timeout=u.MAX_IO_TIMEOUT + 1)), ERANGE,
+     u.PERR_IO_TIMEOUT),
     ("basic-reserved3", dict(b=B(reserved=(0, 0, 0, 1))), EINVAL, u.PERR_RESERVED),
     ("discard-reserved0", dict(types=u.PARAM_BASIC | u.PARAM_DISCARD,
                                b=B(ops=RW | u.OPF_DISCARD), d=D(reserved0=1)),
@@ -182,11 +186,11 @@ def test_raw_add_then_id_in_use_is_eexist(ctl, added_devices):
 
 
 @pytest.mark.parametrize("kw,err", [
-    (dict(flags=1), EOPNOTSUPP),
+    (dict(flags=1 << 1), EOPNOTSUPP),
     (dict(flags=1 << 31), EOPNOTSUPP),
     (dict(reserved0=1), EINVAL),
     (dict(length=4), EINVAL),
-], ids=["flags-bit0", "flags-bit31", "reserved0", "len-too-small"])
+], ids=["flags-bit1", "flags-bit31", "reserved0", "len-too-small"])
 def test_raw_del_refuses_bad_request_and_keeps_the_device(ctl, added_devices, kw, err):
     e, dev_id, _ = u.add(ctl)
     assert e == 0, u.errname(e)

@@ -4,7 +4,7 @@
  * purpose, so that tests can check that the kernel rejects, counts and
  * survives it.
  *
- *   badserver MODE [--size BYTES]
+ *   badserver MODE [--size BYTES] [--io-timeout SECONDS]
  *
  * It adds a device (1 queue, depth 16, 4 KiB blocks, read and write only,
  * no write cache, 16 MiB unless --size), serves it correctly from a
@@ -18,6 +18,15 @@
  *   bad-result       result 4242 (not 0 or -errno) instead of the right one
  *   garbage-ring     cq_tail jumps by 0x10000 and is committed, then the
  *                    right completion is posted from the new tail
+ *   eagain, enomem, enospc, eopnotsupp
+ *                    every request fails with that errno
+ *   late             every request is completed 3 s late, with a second
+ *                    thread committing meanwhile (for the I/O timeout)
+ *   fork-child       serves correctly, but forks a child right after
+ *                    "ready" that sleeps, holding the server node open
+ *                    (the child's pid is printed as "child PID")
+ *
+ * --io-timeout sets the device's I/O timeout (default: libhybd's, 30 s).
  *
  * SIGINT/SIGTERM: delete the device and exit 0.  The device deleted by
  * someone else: exit 0.  Anything else going wrong: exit 1.
@@ -44,6 +53,7 @@
 
 enum mode {
 	GOOD, UNKNOWN_TAG, DOUBLE_COMPLETE, STALE_SEQ, BAD_RESULT, GARBAGE_RING,
+	E_AGAIN, E_NOMEM, E_NOSPC, E_OPNOTSUPP, LATE, FORK_CHILD,
 };
 
 static const char *const mode_names[] = {
@@ -53,6 +63,19 @@ static const char *const mode_names[] = {
 	[STALE_SEQ] = "stale-seq",
 	[BAD_RESULT] = "bad-result",
 	[GARBAGE_RING] = "garbage-ring",
+	[E_AGAIN] = "eagain",
+	[E_NOMEM] = "enomem",
+	[E_NOSPC] = "enospc",
+	[E_OPNOTSUPP] = "eopnotsupp",
+	[LATE] = "late",
+	[FORK_CHILD] = "fork-child",
+};
+
+static const int mode_errno[] = {
+	[E_AGAIN] = EAGAIN,
+	[E_NOMEM] = ENOMEM,
+	[E_NOSPC] = ENOSPC,
+	[E_OPNOTSUPP] = EOPNOTSUPP,
 };
 
 #define NR_MODES	(sizeof(mode_names) / sizeof(mode_names[0]))
@@ -63,6 +86,7 @@ static struct {
 	int fd;
 	uint32_t id;
 	uint64_t size;
+	uint32_t io_timeout;
 	unsigned char *disk;
 
 	struct hybd_ring_hdr *hdr;
@@ -155,6 +179,18 @@ static void serve_one(uint32_t tag)
 	}
 	switch (srv.mode) {
 	case GOOD:
+	case FORK_CHILD:
+		post(tag, res, d.seq);
+		break;
+	case E_AGAIN:
+	case E_NOMEM:
+	case E_NOSPC:
+	case E_OPNOTSUPP:
+		post(tag, -mode_errno[srv.mode], d.seq);
+		break;
+	case LATE:
+		/* the kernel may have failed and reused the tag meanwhile */
+		sleep(3);
 		post(tag, res, d.seq);
 		break;
 	case UNKNOWN_TAG:
@@ -234,6 +270,8 @@ static void setup(void)
 	cfg.physical_block_size = 4096;
 	cfg.ops = HYBD_OPF_READ | HYBD_OPF_WRITE;
 	cfg.flags = 0;
+	if (srv.io_timeout != UINT32_MAX)
+		cfg.io_timeout = srv.io_timeout;
 	ret = hybd_ctl_add(&cfg, &srv.id);
 	if (ret) {
 		srv.id = HYBD_DEV_ID_ANY;
@@ -271,11 +309,40 @@ static void setup(void)
 		die("unexpected ring header", EPROTO);
 }
 
+/* LATE: keep committing (without waiting) so that the kernel sees traffic */
+static void *commit_loop(void *arg)
+{
+	(void)arg;
+	while (srv_io(0) >= 0)
+		usleep(100000);
+	return NULL;
+}
+
+/*
+ * FORK_CHILD: a child that inherits the server node's descriptor (not its
+ * mappings: the kernel marks them VM_DONTCOPY) and just sleeps, as a
+ * helper process a real server might fork would.
+ */
+static void fork_child(void)
+{
+	pid_t pid = fork();
+
+	if (pid < 0)
+		die("fork", errno);
+	if (pid == 0) {
+		for (;;)
+			pause();
+	}
+	printf("child %d\n", (int)pid);
+	fflush(stdout);
+}
+
 static void usage(void)
 {
 	size_t i;
 
-	fprintf(stderr, "usage: badserver MODE [--size BYTES]\nmodes:");
+	fprintf(stderr,
+		"usage: badserver MODE [--size BYTES] [--io-timeout SECONDS]\nmodes:");
 	for (i = 0; i < NR_MODES; i++)
 		fprintf(stderr, " %s", mode_names[i]);
 	fprintf(stderr, "\n");
@@ -284,22 +351,33 @@ static void usage(void)
 
 int main(int argc, char **argv)
 {
-	pthread_t thread;
+	pthread_t thread, committer;
 	sigset_t sigs;
 	size_t i;
-	int sig, ret;
+	int arg, sig, ret;
 
 	srv.id = HYBD_DEV_ID_ANY;
 	srv.size = 16 << 20;
-	if (argc != 2 && !(argc == 4 && !strcmp(argv[2], "--size")))
+	srv.io_timeout = UINT32_MAX;
+	if (argc < 2 || argc % 2)
 		usage();
 	for (i = 0; i < NR_MODES && strcmp(argv[1], mode_names[i]); i++)
 		;
 	if (i == NR_MODES)
 		usage();
 	srv.mode = i;
-	if (argc == 4 && hybd_parse_size(argv[3], &srv.size) < 0)
-		usage();
+	for (arg = 2; arg < argc; arg += 2) {
+		uint64_t v;
+
+		if (hybd_parse_size(argv[arg + 1], &v) < 0)
+			usage();
+		if (!strcmp(argv[arg], "--size"))
+			srv.size = v;
+		else if (!strcmp(argv[arg], "--io-timeout") && v < UINT32_MAX)
+			srv.io_timeout = v;
+		else
+			usage();
+	}
 	srv.disk = calloc(1, srv.size ? srv.size : 1);
 	if (!srv.disk)
 		die("cannot allocate the disk", ENOMEM);
@@ -319,6 +397,14 @@ int main(int argc, char **argv)
 	atomic_store(&srv.misbehave, 1);
 	printf("ready /dev/" HYBD_DISK_NAME_FMT "\n", srv.id);
 	fflush(stdout);
+	if (srv.mode == LATE) {
+		/* commits go on while the serving thread sleeps */
+		ret = pthread_create(&committer, NULL, commit_loop, NULL);
+		if (ret)
+			die("cannot start the committing thread", ret);
+	}
+	if (srv.mode == FORK_CHILD)
+		fork_child();
 
 	sigwait(&sigs, &sig);
 	if (sig != SIGUSR1) {

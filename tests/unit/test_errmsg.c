@@ -75,6 +75,7 @@ static void test_config_to_params(void)
 	cfg.ops = HYBD_OPF_READ | HYBD_OPF_WRITE;
 	cfg.flags = 0;
 	cfg.poll_ns = 5000;
+	cfg.io_timeout = 12;
 	CHECK(hybd__config_to_params(&cfg, &p) == 0);
 	CHECK(p.len == sizeof(p));
 	CHECK(p.types == HYBD_PARAM_BASIC);
@@ -84,7 +85,7 @@ static void test_config_to_params(void)
 	CHECK(p.basic.nr_hw_queues == 3 && p.basic.queue_depth == 128);
 	CHECK(p.basic.ops == (HYBD_OPF_READ | HYBD_OPF_WRITE));
 	CHECK(p.basic.flags == 0 && p.basic.poll_ns == 5000);
-	CHECK(p.basic.reserved0 == 0 && p.basic.reserved[3] == 0);
+	CHECK(p.basic.io_timeout == 12 && p.basic.reserved[3] == 0);
 	CHECK(p.discard.max_discard_bytes == 0);
 
 	/* the discard block goes along only when something is set in it */
@@ -190,6 +191,11 @@ static void test_param_messages(void)
 	p.basic.poll_ns = 2000000;
 	msg_is(&p, -1, HYBD_PERR_POLL, -ERANGE,
 	       "poll time 2000000 ns: must be at most 1000000 ns (1 ms)");
+
+	good_params(&p);
+	p.basic.io_timeout = 7200;
+	msg_is(&p, -1, HYBD_PERR_IO_TIMEOUT, -ERANGE,
+	       "I/O timeout 7200 s: must be at most 3600 s (0: none)");
 
 	good_params(&p);
 	p.types |= HYBD_PARAM_DISCARD;
