@@ -349,3 +349,34 @@ def test_server_errnos_reach_the_reader_as_documented(badserver, mode, want):
     assert e == want, f"{mode}: got {errno.errorcode.get(e, e)}"
     srv.stop()
 
+
+
+@pytest.mark.kmsg_allow(IO_ERRORS + r"|EXT4-fs|JBD2|Aborting journal|"
+                        r"Remounting filesystem|shut ?down")
+def test_del_of_a_device_with_a_mounted_file_system_returns(ramdisk, tmp_path):
+    """Deleting a device under a mounted file system writes back what the
+    server can still take, shuts the file system down and returns; the
+    mount can then be unmounted."""
+    mkfs = need_tool("mkfs.ext4")
+    srv = ramdisk(size="64M", io_timeout=5)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    subprocess.run([mkfs, "-F", "-q", srv.dev], check=True, timeout=300)
+    subprocess.run(["mount", "-t", "ext4", srv.dev, mnt], check=True,
+                   timeout=120)
+    try:
+        (mnt / "file").write_bytes(pattern("mounted", 4 * MiB))
+        t0 = time.monotonic()
+        rc, _, err = hybdctl("del", srv.dev, timeout=BOUND * 2)
+        took = time.monotonic() - t0
+        assert rc == 0, err
+        assert took < BOUND, f"del under a mount took {took:.1f}s"
+        assert srv.id not in device_ids()
+        srv.wait(T_STOP)
+        assert "deleted underneath us" in "".join(srv.err), srv.output()
+    finally:
+        res = subprocess.run(["umount", mnt], capture_output=True, text=True,
+                             timeout=120)
+        if res.returncode:
+            subprocess.run(["umount", "-l", mnt], timeout=60)
+    assert res.returncode == 0, res.stderr
