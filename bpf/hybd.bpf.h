@@ -60,6 +60,24 @@ extern int hybd_bpf_io_copy_out(struct hybd_bpf_io *io, __u32 off,
 /* 1 if the payload is all zero, 0 if not, -EINVAL without payload. */
 extern int hybd_bpf_io_is_zero(struct hybd_bpf_io *io) __ksym;
 
+/* ---- ordered atomics ---- */
+
+/*
+ * *p += v, returning the old value, as a fetching atomic instruction
+ * (BPF_FETCH), which every JIT emits fully ordered (arm64: LDADDAL).  Use
+ * it wherever the add publishes stores made before it.  A plain
+ * __sync_fetch_and_add() whose result is unused compiles to a
+ * non-fetching add, which orders nothing on arm64 (STADD): the empty asm
+ * makes the result used.
+ */
+static __always_inline __u64 hybd_atomic_fetch_add(__u64 *p, __u64 v)
+{
+	__u64 old = __sync_fetch_and_add(p, v);
+
+	asm volatile("" : : "r"(old) : "memory");
+	return old;
+}
+
 /* ---- defining the ops ---- */
 
 #define BPF_STRUCT_OPS(name, args...) \
@@ -136,7 +154,7 @@ static long hybd_ver_bump_one(__u64 i, void *ctx)
 	__u64 *v = hybd_ver_slot(r->first + i);
 
 	if (v)
-		__sync_fetch_and_add(v, 1);
+		hybd_atomic_fetch_add(v, 1);
 	return 0;
 }
 
