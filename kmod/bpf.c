@@ -33,30 +33,45 @@ static struct hybd_tag *hybd_io_tag(struct hybd_bpf_io *io)
 	return container_of(io, struct hybd_tag, bio);
 }
 
-static bool hybd_io_has_data(struct hybd_bpf_io *io)
+/*
+ * Whether a request's payload may be read: a write's always; a read's only
+ * in complete() after the server succeeded, when it is the device's data
+ * (in submit() it is whatever the pages held, and after a failure too).
+ */
+static bool hybd_io_readable(struct hybd_bpf_io *io)
 {
-	return io->op == HYBD_OP_READ || io->op == HYBD_OP_WRITE;
+	switch (io->op) {
+	case HYBD_OP_WRITE:
+		return true;
+	case HYBD_OP_READ:
+		return hybd_io_tag(io)->bpf_data;
+	default:
+		return false;
+	}
 }
 
 __bpf_kfunc_start_defs();
 
 /**
  * hybd_bpf_io_zero() - fill a read request with zeros
- * @io: the request, from submit()
+ * @io: the request, a read
+ *
+ * Fills the whole payload: submit() may then return HYBD_BPF_DONE.
  *
  * Context: submit() or complete(); does not sleep.
  * Return: 0, or -EINVAL if @io is not a read.
  */
 __bpf_kfunc int hybd_bpf_io_zero(struct hybd_bpf_io *io)
 {
-	struct request *rq = hybd_io_tag(io)->rq;
+	struct hybd_tag *t = hybd_io_tag(io);
 	struct req_iterator iter;
 	struct bio_vec bv;
 
 	if (io->op != HYBD_OP_READ)
 		return -EINVAL;
-	rq_for_each_segment(bv, rq, iter)
+	rq_for_each_segment(bv, t->rq, iter)
 		memzero_bvec(&bv);
+	t->bpf_filled = io->bytes;
 	return 0;
 }
 
@@ -67,36 +82,44 @@ __bpf_kfunc int hybd_bpf_io_zero(struct hybd_bpf_io *io)
  * @src: BPF memory (a map value, stack)
  * @src__sz: bytes to copy; @off + @src__sz must not pass io->bytes
  *
+ * The kernel counts as filled the prefix of the payload that copies
+ * starting at or before its end have covered: fill a read from offset 0
+ * up, in order, before submit() returns HYBD_BPF_DONE for it.
+ *
  * Context: submit() or complete(); does not sleep.
  * Return: 0, -EINVAL if @io is not a read, -ERANGE if out of bounds.
  */
 __bpf_kfunc int hybd_bpf_io_copy_in(struct hybd_bpf_io *io, u32 off,
 				    const void *src, u32 src__sz)
 {
+	struct hybd_tag *t = hybd_io_tag(io);
+
 	if (io->op != HYBD_OP_READ)
 		return -EINVAL;
 	if ((u64)off + src__sz > io->bytes)
 		return -ERANGE;
-	hybd_rq_copy(hybd_io_tag(io)->rq, off, (void *)src, src__sz, true);
+	hybd_rq_copy(t->rq, off, (void *)src, src__sz, true);
+	if (off <= t->bpf_filled && off + src__sz > t->bpf_filled)
+		t->bpf_filled = off + src__sz;
 	return 0;
 }
 
 /**
  * hybd_bpf_io_copy_out() - copy a request's payload into BPF memory
- * @io: the request: a write (submit or complete) or a read (complete,
- *      where the payload is the data the server returned)
+ * @io: the request: a write (submit or complete) or a read in complete()
+ *      that the server succeeded, whose payload is the data it returned
  * @off: byte offset into the payload
  * @dst: BPF memory (a map value, stack)
  * @dst__sz: bytes to copy; @off + @dst__sz must not pass io->bytes
  *
  * Context: submit() or complete(); does not sleep.
- * Return: 0, -EINVAL for a request without payload, -ERANGE if out of
- * bounds.
+ * Return: 0, -EINVAL for a request without payload, a read in submit()
+ * or a read the server failed, -ERANGE if out of bounds.
  */
 __bpf_kfunc int hybd_bpf_io_copy_out(struct hybd_bpf_io *io, u32 off,
 				     void *dst, u32 dst__sz)
 {
-	if (!hybd_io_has_data(io))
+	if (!hybd_io_readable(io))
 		return -EINVAL;
 	if ((u64)off + dst__sz > io->bytes)
 		return -ERANGE;
@@ -106,10 +129,12 @@ __bpf_kfunc int hybd_bpf_io_copy_out(struct hybd_bpf_io *io, u32 off,
 
 /**
  * hybd_bpf_io_is_zero() - test whether a request's payload is all zero
- * @io: the request (a write in submit, a read in complete)
+ * @io: the request: a write, or a read in complete() that the server
+ *      succeeded
  *
  * Context: submit() or complete(); does not sleep.
- * Return: 1 if every byte is zero, 0 if not, -EINVAL without payload.
+ * Return: 1 if every byte is zero, 0 if not, -EINVAL for a request without
+ * payload, a read in submit() or a read the server failed.
  */
 __bpf_kfunc int hybd_bpf_io_is_zero(struct hybd_bpf_io *io)
 {
@@ -117,7 +142,7 @@ __bpf_kfunc int hybd_bpf_io_is_zero(struct hybd_bpf_io *io)
 	struct req_iterator iter;
 	struct bio_vec bv;
 
-	if (!hybd_io_has_data(io))
+	if (!hybd_io_readable(io))
 		return -EINVAL;
 	rq_for_each_segment(bv, rq, iter) {
 		void *p = bvec_kmap_local(&bv);
@@ -368,16 +393,26 @@ void hybd_bpf_fill_info(struct hybd_dev *dev, struct hybd_dev_info *info)
 	mutex_unlock(&hybd_bpf_lock);
 }
 
+/* Count what the fast path did wrong and fail the request with EIO. */
+static int hybd_bpf_bad(struct hybd_queue *q, u64 *counter)
+{
+	spin_lock(&q->lock);
+	(*counter)++;
+	spin_unlock(&q->lock);
+	return -EIO;
+}
+
 /**
  * hybd_bpf_submit() - run the attached program's submit() on a request
  * @q: the request's queue
- * @t: the request's tag, with t->rq set
+ * @t: the request's tag, with t->rq and t->bio set
  *
  * Context: queue_rq, under RCU.
  * Return: HYBD_BPF_PASS when the server must handle the request (also
  * when no program is attached), else a blk_status_t-worthy errno or 0
  * (HYBD_BPF_DONE): the caller ends the request.  A return value outside
- * the contract is counted and becomes -EIO.
+ * the contract, and HYBD_BPF_DONE for a read whose payload the program did
+ * not fill, are counted and become -EIO.
  */
 int hybd_bpf_submit(struct hybd_queue *q, struct hybd_tag *t)
 {
@@ -390,15 +425,19 @@ int hybd_bpf_submit(struct hybd_queue *q, struct hybd_tag *t)
 		return HYBD_BPF_PASS;
 	}
 	t->bpf_gen = READ_ONCE(q->dev->bpf_gen);
+	t->bpf_filled = 0;
+	t->bpf_data = false;	/* a read's payload is not the device's yet */
 	ret = ops->submit(&t->bio);
-	if (ret == HYBD_BPF_PASS || ret == HYBD_BPF_DONE)
+	if (ret == HYBD_BPF_DONE) {
+		if (t->bio.op == HYBD_OP_READ && t->bpf_filled < t->bio.bytes)
+			return hybd_bpf_bad(q, &q->stats.bpf_unfilled);
+		return ret;
+	}
+	if (ret == HYBD_BPF_PASS)
 		return ret;
 	if (ret < 0 && ret >= -MAX_ERRNO)
 		return ret;
-	spin_lock(&q->lock);
-	q->stats.bpf_bad_ret++;
-	spin_unlock(&q->lock);
-	return -EIO;
+	return hybd_bpf_bad(q, &q->stats.bpf_bad_ret);
 }
 
 /**
@@ -421,6 +460,7 @@ void hybd_bpf_complete(struct hybd_queue *q, struct hybd_tag *t)
 	if (ops && ops->complete) {
 		t->bio.own = t->bpf_gen &&
 			     t->bpf_gen == READ_ONCE(q->dev->bpf_gen);
+		t->bpf_data = !t->bio.result;
 		ops->complete(&t->bio);
 	}
 	rcu_read_unlock();

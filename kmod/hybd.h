@@ -38,7 +38,9 @@ struct hybd_tag {
 	u64		seq;
 	u64		start_ns;
 	u32		bpf_gen;	/* generation of the program that passed it */
+	u32		bpf_filled;	/* read bytes the kfuncs filled, a prefix */
 	u8		state;
+	bool		bpf_data;	/* a read's payload is the device's data */
 	struct hybd_bpf_io bio;		/* what the BPF program sees */
 };
 
@@ -50,7 +52,7 @@ struct hybd_queue_stats {
 	u64 reads, writes, flushes, fua, discards, write_zeroes;
 	u64 rej_bad_tag, rej_not_outstanding, rej_stale_seq;
 	u64 rej_bad_result, rej_ring_index;
-	u64 bpf_bad_ret;
+	u64 bpf_bad_ret, bpf_unfilled;
 	u64 fast_lat[HYBD_LAT_BUCKETS];
 	u64 slow_lat[HYBD_LAT_BUCKETS];
 };
