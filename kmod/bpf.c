@@ -7,8 +7,11 @@
  * submit() runs in queue_rq for every request and either completes it
  * (HYBD_BPF_DONE or -errno) or passes it to the server (HYBD_BPF_PASS).
  * complete() runs for a request when the server has finished it.
- * Attach, detach and replace swap one RCU pointer, so a request sees one
- * program or none, and is completed exactly once either way.
+ *
+ * Each attach or replace makes a struct hybd_bpf_prog: the ops and the
+ * generation stamped on the requests it passes.  The device points at it
+ * through one RCU pointer, so a request sees one program with its own
+ * generation, or none, and is completed exactly once either way.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
@@ -23,6 +26,23 @@
 
 #include "hybd.h"
 
+/**
+ * struct hybd_bpf_prog - a program attached to a device
+ * @ops: the kernel's copy of the struct_ops map's value
+ * @gen: the device's generation when it was attached; tags carry it
+ * @link: the BPF link, or NULL (a map registered without one); its id is
+ *	read at info time, since a link has none yet during reg()
+ * @rcu: freed after a grace period: submit() and complete() read it under
+ *	RCU, once per call
+ */
+struct hybd_bpf_prog {
+	struct hybd_bpf_ops	*ops;
+	u32			gen;
+	struct bpf_link		*link;
+	struct rcu_head		rcu;
+};
+
+/* hybd_bpf_lock protects every dev->bpf_prog, bpf_gen and bpf_attaches. */
 static DEFINE_MUTEX(hybd_bpf_lock);
 static const struct btf *hybd_btf;
 
@@ -249,16 +269,45 @@ static int hybd_ops_validate(void *kdata)
 	return ops->submit ? 0 : -EINVAL;
 }
 
-static void hybd_bpf_set(struct hybd_dev *dev, struct hybd_bpf_ops *ops,
-			 struct bpf_link *link)
+static struct hybd_bpf_prog *hybd_bpf_prog_of(struct hybd_dev *dev)
 {
-	rcu_assign_pointer(dev->bpf_ops, ops);
+	return rcu_dereference_protected(dev->bpf_prog,
+					 lockdep_is_held(&hybd_bpf_lock));
+}
+
+/*
+ * Make @ops (or nothing) @dev's program, in one pointer swap: the ops and
+ * its new generation are seen together or not at all.  Under
+ * hybd_bpf_lock.
+ */
+static int hybd_bpf_set(struct hybd_dev *dev, struct hybd_bpf_ops *ops,
+			struct bpf_link *link)
+{
+	struct hybd_bpf_prog *p = NULL, *old = hybd_bpf_prog_of(dev);
+
 	if (ops) {
-		dev->bpf_gen++;
+		p = kzalloc(sizeof(*p), GFP_KERNEL);
+		if (!p)
+			return -ENOMEM;
+		if (!++dev->bpf_gen)	/* 0 means "no program" */
+			++dev->bpf_gen;
+		p->ops = ops;
+		p->gen = dev->bpf_gen;
+		p->link = link;
 		dev->bpf_attaches++;
 	}
-	/* the link gets its id only after reg(): read it at info time */
-	dev->bpf_link = ops ? link : NULL;
+	rcu_assign_pointer(dev->bpf_prog, p);
+	if (old)
+		kfree_rcu(old, rcu);
+	return 0;
+}
+
+/* @dev's program's ops, or NULL; under hybd_bpf_lock. */
+static struct hybd_bpf_ops *hybd_bpf_ops_of(struct hybd_dev *dev)
+{
+	struct hybd_bpf_prog *p = hybd_bpf_prog_of(dev);
+
+	return p ? p->ops : NULL;
 }
 
 static int hybd_ops_reg(void *kdata, struct bpf_link *link)
@@ -271,10 +320,10 @@ static int hybd_ops_reg(void *kdata, struct bpf_link *link)
 	if (!dev)
 		return -ENODEV;
 	mutex_lock(&hybd_bpf_lock);
-	if (rcu_access_pointer(dev->bpf_ops))
+	if (hybd_bpf_ops_of(dev))
 		ret = -EBUSY;
 	else
-		hybd_bpf_set(dev, ops, link);
+		ret = hybd_bpf_set(dev, ops, link);
 	mutex_unlock(&hybd_bpf_lock);
 	hybd_dev_put(dev);
 	return ret;
@@ -289,7 +338,7 @@ static void hybd_ops_unreg(void *kdata, struct bpf_link *link)
 	if (!dev)
 		return;
 	mutex_lock(&hybd_bpf_lock);
-	if (rcu_access_pointer(dev->bpf_ops) == ops)
+	if (hybd_bpf_ops_of(dev) == ops)
 		hybd_bpf_set(dev, NULL, NULL);
 	mutex_unlock(&hybd_bpf_lock);
 	/* no submit() or complete() of @ops runs after this */
@@ -309,12 +358,11 @@ static int hybd_ops_update(void *kdata, void *old_kdata, struct bpf_link *link)
 	if (!dev)
 		return -ENODEV;
 	mutex_lock(&hybd_bpf_lock);
-	if (rcu_access_pointer(dev->bpf_ops) != old)
+	if (hybd_bpf_ops_of(dev) != old)
 		ret = -ENOENT;
 	else
-		hybd_bpf_set(dev, ops, link);
+		ret = hybd_bpf_set(dev, ops, link);
 	mutex_unlock(&hybd_bpf_lock);
-	synchronize_rcu();
 	hybd_dev_put(dev);
 	return ret;
 }
@@ -381,14 +429,14 @@ void hybd_bpf_dev_gone(struct hybd_dev *dev)
 
 void hybd_bpf_fill_info(struct hybd_dev *dev, struct hybd_dev_info *info)
 {
-	struct hybd_bpf_ops *ops;
+	struct hybd_bpf_prog *p;
 
 	mutex_lock(&hybd_bpf_lock);
-	ops = rcu_dereference_protected(dev->bpf_ops,
-					lockdep_is_held(&hybd_bpf_lock));
-	if (ops)
-		strscpy(info->bpf_name, ops->name, sizeof(info->bpf_name));
-	info->bpf_link_id = dev->bpf_link ? dev->bpf_link->id : 0;
+	p = hybd_bpf_prog_of(dev);
+	if (p) {
+		strscpy(info->bpf_name, p->ops->name, sizeof(info->bpf_name));
+		info->bpf_link_id = p->link ? p->link->id : 0;
+	}
 	info->bpf_attaches = dev->bpf_attaches;
 	mutex_unlock(&hybd_bpf_lock);
 }
@@ -416,18 +464,17 @@ static int hybd_bpf_bad(struct hybd_queue *q, u64 *counter)
  */
 int hybd_bpf_submit(struct hybd_queue *q, struct hybd_tag *t)
 {
-	struct hybd_bpf_ops *ops;
+	struct hybd_bpf_prog *p = rcu_dereference(q->dev->bpf_prog);
 	int ret;
 
-	ops = rcu_dereference(q->dev->bpf_ops);
-	if (!ops) {
+	if (!p) {
 		t->bpf_gen = 0;
 		return HYBD_BPF_PASS;
 	}
-	t->bpf_gen = READ_ONCE(q->dev->bpf_gen);
+	t->bpf_gen = p->gen;
 	t->bpf_filled = 0;
 	t->bpf_data = false;	/* a read's payload is not the device's yet */
-	ret = ops->submit(&t->bio);
+	ret = p->ops->submit(&t->bio);
 	if (ret == HYBD_BPF_DONE) {
 		if (t->bio.op == HYBD_OP_READ && t->bpf_filled < t->bio.bytes)
 			return hybd_bpf_bad(q, &q->stats.bpf_unfilled);
@@ -453,15 +500,14 @@ int hybd_bpf_submit(struct hybd_queue *q, struct hybd_tag *t)
  */
 void hybd_bpf_complete(struct hybd_queue *q, struct hybd_tag *t)
 {
-	struct hybd_bpf_ops *ops;
+	struct hybd_bpf_prog *p;
 
 	rcu_read_lock();
-	ops = rcu_dereference(q->dev->bpf_ops);
-	if (ops && ops->complete) {
-		t->bio.own = t->bpf_gen &&
-			     t->bpf_gen == READ_ONCE(q->dev->bpf_gen);
+	p = rcu_dereference(q->dev->bpf_prog);
+	if (p && p->ops->complete) {
+		t->bio.own = t->bpf_gen && t->bpf_gen == p->gen;
 		t->bpf_data = !t->bio.result;
-		ops->complete(&t->bio);
+		p->ops->complete(&t->bio);
 	}
 	rcu_read_unlock();
 }

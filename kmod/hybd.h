@@ -23,7 +23,7 @@
 
 #include "uapi/hybd.h"
 
-struct bpf_link;
+struct hybd_bpf_prog;
 
 #define HYBD_IO_TIMEOUT		(30 * HZ)
 
@@ -117,9 +117,8 @@ struct hybd_dev {
 	struct device		*srv_dev;
 
 	/* the BPF fast path; written under hybd_bpf_lock, read under RCU */
-	struct hybd_bpf_ops __rcu *bpf_ops;
+	struct hybd_bpf_prog __rcu *bpf_prog;
 	u32			bpf_gen;	/* bumped on attach/replace */
-	struct bpf_link		*bpf_link;	/* valid until unreg */
 	u32			bpf_attaches;
 };
 
