@@ -8,10 +8,12 @@
  * (HYBD_BPF_DONE or -errno) or passes it to the server (HYBD_BPF_PASS).
  * complete() runs for a request when the server has finished it.
  *
- * Each attach or replace makes a struct hybd_bpf_prog: the ops and the
- * generation stamped on the requests it passes.  The device points at it
- * through one RCU pointer, so a request sees one program with its own
- * generation, or none, and is completed exactly once either way.
+ * Each attach or replace makes a struct hybd_bpf_prog: the ops, the
+ * generation stamped on the requests it passes, and the device it belongs
+ * to.  The device points at it through one RCU pointer, so a request sees
+ * one program with its own generation, or none, and is completed exactly
+ * once either way.  The program is tied to the device object, never to an
+ * id that a later device may reuse.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
@@ -30,20 +32,30 @@
  * struct hybd_bpf_prog - a program attached to a device
  * @ops: the kernel's copy of the struct_ops map's value
  * @gen: the device's generation when it was attached; tags carry it
+ * @dev: the device, referenced
  * @link: the BPF link, or NULL (a map registered without one); its id is
  *	read at info time, since a link has none yet during reg()
+ * @node: in hybd_bpf_progs
  * @rcu: freed after a grace period: submit() and complete() read it under
  *	RCU, once per call
  */
 struct hybd_bpf_prog {
 	struct hybd_bpf_ops	*ops;
 	u32			gen;
+	struct hybd_dev		*dev;
 	struct bpf_link		*link;
+	struct list_head	node;
 	struct rcu_head		rcu;
 };
 
-/* hybd_bpf_lock protects every dev->bpf_prog, bpf_gen and bpf_attaches. */
+/*
+ * hybd_bpf_lock protects hybd_bpf_progs, every dev->bpf_prog, bpf_gen,
+ * bpf_attaches and bpf_gone.  hybd_bpf_progs holds
+ * each device's current program, so that unreg() and update() find the
+ * device of an ops without looking its id up.
+ */
 static DEFINE_MUTEX(hybd_bpf_lock);
+static LIST_HEAD(hybd_bpf_progs);
 static const struct btf *hybd_btf;
 
 BTF_ID_LIST_SINGLE(hybd_bpf_io_btf_id, struct, hybd_bpf_io)
@@ -269,101 +281,188 @@ static int hybd_ops_validate(void *kdata)
 	return ops->submit ? 0 : -EINVAL;
 }
 
-static struct hybd_bpf_prog *hybd_bpf_prog_of(struct hybd_dev *dev)
+/* The program of @ops, if it is attached; under hybd_bpf_lock. */
+static struct hybd_bpf_prog *hybd_bpf_find(struct hybd_bpf_ops *ops)
 {
-	return rcu_dereference_protected(dev->bpf_prog,
-					 lockdep_is_held(&hybd_bpf_lock));
+	struct hybd_bpf_prog *p;
+
+	list_for_each_entry(p, &hybd_bpf_progs, node)
+		if (p->ops == ops)
+			return p;
+	return NULL;
+}
+
+/* May @ops be registered, as far as its own past goes? */
+static int hybd_bpf_ops_usable(struct hybd_bpf_ops *ops)
+{
+	return hybd_bpf_find(ops) ? -EBUSY : 0;
 }
 
 /*
- * Make @ops (or nothing) @dev's program, in one pointer swap: the ops and
- * its new generation are seen together or not at all.  Under
- * hybd_bpf_lock.
+ * Make @p its device's program, with a new generation; under
+ * hybd_bpf_lock.  The device's previous program, if any, is the caller's
+ * to take off the list.
  */
-static int hybd_bpf_set(struct hybd_dev *dev, struct hybd_bpf_ops *ops,
-			struct bpf_link *link)
+static void hybd_bpf_install(struct hybd_bpf_prog *p)
 {
-	struct hybd_bpf_prog *p = NULL, *old = hybd_bpf_prog_of(dev);
+	struct hybd_dev *dev = p->dev;
 
-	if (ops) {
-		p = kzalloc(sizeof(*p), GFP_KERNEL);
-		if (!p)
-			return -ENOMEM;
-		if (!++dev->bpf_gen)	/* 0 means "no program" */
-			++dev->bpf_gen;
-		p->ops = ops;
-		p->gen = dev->bpf_gen;
-		p->link = link;
-		dev->bpf_attaches++;
-	}
+	if (!++dev->bpf_gen)	/* 0 means "no program" */
+		++dev->bpf_gen;
+	p->gen = dev->bpf_gen;
+	dev->bpf_attaches++;
+	list_add(&p->node, &hybd_bpf_progs);
 	rcu_assign_pointer(dev->bpf_prog, p);
-	if (old)
-		kfree_rcu(old, rcu);
-	return 0;
 }
 
-/* @dev's program's ops, or NULL; under hybd_bpf_lock. */
-static struct hybd_bpf_ops *hybd_bpf_ops_of(struct hybd_dev *dev)
+/* Take @p off its device for good; under hybd_bpf_lock. */
+static void hybd_bpf_uninstall(struct hybd_bpf_prog *p)
 {
-	struct hybd_bpf_prog *p = hybd_bpf_prog_of(dev);
-
-	return p ? p->ops : NULL;
+	list_del(&p->node);
+	WARN_ON_ONCE(rcu_access_pointer(p->dev->bpf_prog) != p);
+	RCU_INIT_POINTER(p->dev->bpf_prog, NULL);
 }
 
+/* Free an uninstalled program once no submit() or complete() can see it. */
+static void hybd_bpf_prog_release(struct hybd_bpf_prog *p)
+{
+	synchronize_rcu();
+	hybd_dev_put(p->dev);
+	kfree(p);
+}
+
+/*
+ * A device takes a program while it is added or live.  The state is only
+ * a courtesy (a clear -ENODEV for a dead or deleting device); bpf_gone,
+ * set by hybd_bpf_dev_gone() under hybd_bpf_lock, is what makes an attach
+ * and a delete exclude each other.
+ */
+static bool hybd_bpf_dev_takes_prog(struct hybd_dev *dev)
+{
+	enum hybd_dev_state state = READ_ONCE(dev->state);
+
+	return !dev->bpf_gone &&
+	       (state == HYBD_STATE_ADDED || state == HYBD_STATE_LIVE);
+}
+
+/**
+ * hybd_ops_reg() - attach a program to the device named by its dev_id
+ * @kdata: the kernel's struct hybd_bpf_ops
+ * @link: the link being created, or NULL
+ *
+ * Context: process context (BPF_LINK_CREATE), may sleep.
+ * Return: 0; -ENODEV if the device does not exist or is dead or being
+ * deleted, -EBUSY if it has a program (or this one is attached already).
+ */
 static int hybd_ops_reg(void *kdata, struct bpf_link *link)
 {
 	struct hybd_bpf_ops *ops = kdata;
+	struct hybd_bpf_prog *p;
 	struct hybd_dev *dev;
-	int ret = 0;
+	int ret;
 
 	dev = hybd_dev_get(ops->dev_id);
 	if (!dev)
 		return -ENODEV;
+	p = kzalloc(sizeof(*p), GFP_KERNEL);
+	if (!p) {
+		hybd_dev_put(dev);
+		return -ENOMEM;
+	}
+	p->ops = ops;
+	p->dev = dev;		/* the device reference is p's */
+	p->link = link;
+
 	mutex_lock(&hybd_bpf_lock);
-	if (hybd_bpf_ops_of(dev))
+	ret = hybd_bpf_ops_usable(ops);
+	if (!ret && !hybd_bpf_dev_takes_prog(dev))
+		ret = -ENODEV;
+	if (!ret && rcu_access_pointer(dev->bpf_prog))
 		ret = -EBUSY;
-	else
-		ret = hybd_bpf_set(dev, ops, link);
+	if (!ret)
+		hybd_bpf_install(p);
 	mutex_unlock(&hybd_bpf_lock);
-	hybd_dev_put(dev);
+
+	if (ret) {
+		hybd_dev_put(dev);
+		kfree(p);
+	}
 	return ret;
 }
 
+/**
+ * hybd_ops_unreg() - detach a program from the device it was attached to
+ * @kdata: the kernel's struct hybd_bpf_ops
+ * @link: its link, or NULL
+ *
+ * Acts on the device object the program was attached to, which may have
+ * been deleted since (then there is nothing left to do), never on whatever
+ * device has its id now.
+ *
+ * Context: process context, may sleep.  No submit() or complete() of
+ * @kdata runs once it returns.
+ */
 static void hybd_ops_unreg(void *kdata, struct bpf_link *link)
 {
 	struct hybd_bpf_ops *ops = kdata;
-	struct hybd_dev *dev;
+	struct hybd_bpf_prog *p;
 
-	dev = hybd_dev_get(ops->dev_id);
-	if (!dev)
-		return;
 	mutex_lock(&hybd_bpf_lock);
-	if (hybd_bpf_ops_of(dev) == ops)
-		hybd_bpf_set(dev, NULL, NULL);
+	p = hybd_bpf_find(ops);
+	if (p)
+		hybd_bpf_uninstall(p);
 	mutex_unlock(&hybd_bpf_lock);
-	/* no submit() or complete() of @ops runs after this */
-	synchronize_rcu();
-	hybd_dev_put(dev);
+	if (p)
+		hybd_bpf_prog_release(p);
 }
 
+/**
+ * hybd_ops_update() - replace a device's program under its link
+ * @kdata: the new struct hybd_bpf_ops, for the same dev_id
+ * @old_kdata: the one attached now
+ * @link: the link
+ *
+ * Every request sees the old program or the new one: the new one gets a
+ * new generation, so complete() never tells it a request the old one
+ * passed is its own.
+ *
+ * Context: process context (BPF_LINK_UPDATE), may sleep.
+ * Return: 0; -EINVAL for another dev_id, -ENODEV if the device was
+ * deleted, -EBUSY if @kdata is attached elsewhere.
+ */
 static int hybd_ops_update(void *kdata, void *old_kdata, struct bpf_link *link)
 {
-	struct hybd_bpf_ops *ops = kdata, *old = old_kdata;
-	struct hybd_dev *dev;
-	int ret = 0;
+	struct hybd_bpf_ops *ops = kdata, *old_ops = old_kdata;
+	struct hybd_bpf_prog *p, *old;
+	int ret;
 
-	if (ops->dev_id != old->dev_id)
+	if (ops->dev_id != old_ops->dev_id)
 		return -EINVAL;
-	dev = hybd_dev_get(ops->dev_id);
-	if (!dev)
-		return -ENODEV;
+	p = kzalloc(sizeof(*p), GFP_KERNEL);
+	if (!p)
+		return -ENOMEM;
+
 	mutex_lock(&hybd_bpf_lock);
-	if (hybd_bpf_ops_of(dev) != old)
-		ret = -ENOENT;
-	else
-		ret = hybd_bpf_set(dev, ops, link);
+	old = hybd_bpf_find(old_ops);
+	ret = old ? 0 : -ENODEV;
+	if (!ret && ops != old_ops)
+		ret = hybd_bpf_ops_usable(ops);
+	if (!ret && ops != old_ops) {
+		/* the old program's device reference moves to the new one */
+		p->ops = ops;
+		p->dev = old->dev;
+		p->link = link;
+		list_del(&old->node);
+		hybd_bpf_install(p);
+		p = NULL;
+	} else {
+		old = NULL;
+	}
 	mutex_unlock(&hybd_bpf_lock);
-	hybd_dev_put(dev);
+
+	kfree(p);
+	if (old)
+		kfree_rcu(old, rcu);
 	return ret;
 }
 
@@ -418,13 +517,31 @@ int hybd_bpf_init(void)
 	return hybd_btf ? 0 : -ENOENT;
 }
 
-/* The device is being deleted: forget its program (the link stays). */
+/**
+ * hybd_bpf_dev_gone() - the device is being deleted: drop its program
+ * @dev: the device
+ *
+ * The program's link stays until its owner closes it, attached to nothing;
+ * no program can be attached to @dev any more.
+ *
+ * Context: process context, may sleep.  No submit() or complete() runs for
+ * @dev once it returns.
+ */
 void hybd_bpf_dev_gone(struct hybd_dev *dev)
 {
+	struct hybd_bpf_prog *p;
+
 	mutex_lock(&hybd_bpf_lock);
-	hybd_bpf_set(dev, NULL, NULL);
+	dev->bpf_gone = true;
+	p = rcu_dereference_protected(dev->bpf_prog,
+				      lockdep_is_held(&hybd_bpf_lock));
+	if (p)
+		hybd_bpf_uninstall(p);
 	mutex_unlock(&hybd_bpf_lock);
-	synchronize_rcu();
+	if (p)
+		hybd_bpf_prog_release(p);
+	else
+		synchronize_rcu();
 }
 
 void hybd_bpf_fill_info(struct hybd_dev *dev, struct hybd_dev_info *info)
@@ -432,7 +549,8 @@ void hybd_bpf_fill_info(struct hybd_dev *dev, struct hybd_dev_info *info)
 	struct hybd_bpf_prog *p;
 
 	mutex_lock(&hybd_bpf_lock);
-	p = hybd_bpf_prog_of(dev);
+	p = rcu_dereference_protected(dev->bpf_prog,
+				      lockdep_is_held(&hybd_bpf_lock));
 	if (p) {
 		strscpy(info->bpf_name, p->ops->name, sizeof(info->bpf_name));
 		info->bpf_link_id = p->link ? p->link->id : 0;

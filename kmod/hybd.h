@@ -120,6 +120,7 @@ struct hybd_dev {
 	struct hybd_bpf_prog __rcu *bpf_prog;
 	u32			bpf_gen;	/* bumped on attach/replace */
 	u32			bpf_attaches;
+	bool			bpf_gone;	/* deleted: takes no program */
 };
 
 /* main.c */
