@@ -27,6 +27,11 @@
  * io->result 0; in submit() it is not the device's data yet, and after a
  * failure it is nobody's: both return -EINVAL there.
  *
+ * A loaded object attaches once: after it was detached or replaced, or its
+ * device deleted, its maps have missed writes, and the kernel refuses it
+ * (-ESTALE); load it again.  (A loader that hands an old object's maps to
+ * a new one must empty them itself.)
+ *
  * A program reads like a list of callbacks:
  *
  *	int BPF_STRUCT_OPS(mine_submit, struct hybd_bpf_io *io)

@@ -13,7 +13,8 @@
  * to.  The device points at it through one RCU pointer, so a request sees
  * one program with its own generation, or none, and is completed exactly
  * once either way.  The program is tied to the device object, never to an
- * id that a later device may reuse.
+ * id that a later device may reuse; and an ops that left its device never
+ * comes back (its maps missed what the device did meanwhile).
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
@@ -49,8 +50,16 @@ struct hybd_bpf_prog {
 };
 
 /*
+ * Set in the kernel's copy of hybd_bpf_ops.flags (user space must pass 0)
+ * once the ops has left its device: detached, replaced, or the device was
+ * deleted.  Its maps missed every write since, so it is never registered
+ * again: a loader attaches a fresh load instead.
+ */
+#define HYBD_BPF_OPS_RETIRED	(1U << 31)
+
+/*
  * hybd_bpf_lock protects hybd_bpf_progs, every dev->bpf_prog, bpf_gen,
- * bpf_attaches and bpf_gone.  hybd_bpf_progs holds
+ * bpf_attaches and bpf_gone, and the RETIRED flag.  hybd_bpf_progs holds
  * each device's current program, so that unreg() and update() find the
  * device of an ops without looking its id up.
  */
@@ -295,7 +304,11 @@ static struct hybd_bpf_prog *hybd_bpf_find(struct hybd_bpf_ops *ops)
 /* May @ops be registered, as far as its own past goes? */
 static int hybd_bpf_ops_usable(struct hybd_bpf_ops *ops)
 {
-	return hybd_bpf_find(ops) ? -EBUSY : 0;
+	if (ops->flags & HYBD_BPF_OPS_RETIRED)
+		return -ESTALE;
+	if (hybd_bpf_find(ops))
+		return -EBUSY;
+	return 0;
 }
 
 /*
@@ -318,6 +331,7 @@ static void hybd_bpf_install(struct hybd_bpf_prog *p)
 /* Take @p off its device for good; under hybd_bpf_lock. */
 static void hybd_bpf_uninstall(struct hybd_bpf_prog *p)
 {
+	p->ops->flags |= HYBD_BPF_OPS_RETIRED;
 	list_del(&p->node);
 	WARN_ON_ONCE(rcu_access_pointer(p->dev->bpf_prog) != p);
 	RCU_INIT_POINTER(p->dev->bpf_prog, NULL);
@@ -352,7 +366,8 @@ static bool hybd_bpf_dev_takes_prog(struct hybd_dev *dev)
  *
  * Context: process context (BPF_LINK_CREATE), may sleep.
  * Return: 0; -ENODEV if the device does not exist or is dead or being
- * deleted, -EBUSY if it has a program (or this one is attached already).
+ * deleted, -EBUSY if it has a program (or this one is attached already),
+ * -ESTALE if this ops was attached before.
  */
 static int hybd_ops_reg(void *kdata, struct bpf_link *link)
 {
@@ -397,7 +412,7 @@ static int hybd_ops_reg(void *kdata, struct bpf_link *link)
  *
  * Acts on the device object the program was attached to, which may have
  * been deleted since (then there is nothing left to do), never on whatever
- * device has its id now.
+ * device has its id now.  @kdata is never registered again.
  *
  * Context: process context, may sleep.  No submit() or complete() of
  * @kdata runs once it returns.
@@ -408,6 +423,7 @@ static void hybd_ops_unreg(void *kdata, struct bpf_link *link)
 	struct hybd_bpf_prog *p;
 
 	mutex_lock(&hybd_bpf_lock);
+	ops->flags |= HYBD_BPF_OPS_RETIRED;
 	p = hybd_bpf_find(ops);
 	if (p)
 		hybd_bpf_uninstall(p);
@@ -428,7 +444,8 @@ static void hybd_ops_unreg(void *kdata, struct bpf_link *link)
  *
  * Context: process context (BPF_LINK_UPDATE), may sleep.
  * Return: 0; -EINVAL for another dev_id, -ENODEV if the device was
- * deleted, -EBUSY if @kdata is attached elsewhere.
+ * deleted, -EBUSY if @kdata is attached elsewhere, -ESTALE if it was
+ * attached before.
  */
 static int hybd_ops_update(void *kdata, void *old_kdata, struct bpf_link *link)
 {
@@ -452,6 +469,7 @@ static int hybd_ops_update(void *kdata, void *old_kdata, struct bpf_link *link)
 		p->ops = ops;
 		p->dev = old->dev;
 		p->link = link;
+		old_ops->flags |= HYBD_BPF_OPS_RETIRED;
 		list_del(&old->node);
 		hybd_bpf_install(p);
 		p = NULL;

@@ -390,6 +390,14 @@ struct hybd_srv_io {
  * runs in queue_rq for every request; complete() runs when a request the
  * program passed to the slow path has finished, before the block layer
  * sees it, so the program can cache the data just read.
+ *
+ * Attaching needs a device that is added or live (-ENODEV for a dead or
+ * deleting one).  A program belongs to the device it was attached to:
+ * deleting the device drops it (its link stays, attached to nothing), and
+ * a later device with the same id never sees it.  A loaded struct_ops map
+ * is attached once: after it left its device (detached, replaced, or the
+ * device deleted) its maps have missed writes, and attaching or replacing
+ * with it again fails with -ESTALE; load the object again.
  */
 
 /*
