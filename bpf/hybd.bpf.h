@@ -27,10 +27,11 @@
  * io->result 0; in submit() it is not the device's data yet, and after a
  * failure it is nobody's: both return -EINVAL there.
  *
- * A loaded object attaches once: after it was detached or replaced, or its
- * device deleted, its maps have missed writes, and the kernel refuses it
- * (-ESTALE); load it again.  (A loader that hands an old object's maps to
- * a new one must empty them itself.)
+ * Attaching needs CAP_SYS_ADMIN, and the kfuncs are for struct
+ * hybd_bpf_ops programs only.  A loaded object attaches once: after it
+ * was detached or replaced, or its device deleted, its maps have missed
+ * writes, and the kernel refuses it (-ESTALE); load it again.  (A loader
+ * that hands an old object's maps to a new one must empty them itself.)
  *
  * A program reads like a list of callbacks:
  *

@@ -67,7 +67,9 @@ static DEFINE_MUTEX(hybd_bpf_lock);
 static LIST_HEAD(hybd_bpf_progs);
 static const struct btf *hybd_btf;
 
-BTF_ID_LIST_SINGLE(hybd_bpf_io_btf_id, struct, hybd_bpf_io)
+BTF_ID_LIST(hybd_bpf_btf_ids)
+BTF_ID(struct, hybd_bpf_io)
+BTF_ID(struct, hybd_bpf_ops)
 
 static struct hybd_tag *hybd_io_tag(struct hybd_bpf_io *io)
 {
@@ -205,9 +207,26 @@ BTF_ID_FLAGS(func, hybd_bpf_io_copy_out, KF_TRUSTED_ARGS)
 BTF_ID_FLAGS(func, hybd_bpf_io_is_zero, KF_TRUSTED_ARGS)
 BTF_KFUNCS_END(hybd_kfunc_ids)
 
+/*
+ * The kfuncs work on a struct hybd_bpf_io that only hybd_bpf_ops programs
+ * are given: refuse them to every other program, struct_ops of other
+ * kinds included.
+ */
+static int hybd_kfunc_filter(const struct bpf_prog *prog, u32 kfunc_id)
+{
+	if (!btf_id_set8_contains(&hybd_kfunc_ids, kfunc_id))
+		return 0;
+	if (prog->type == BPF_PROG_TYPE_STRUCT_OPS && hybd_btf &&
+	    prog->aux->attach_btf == hybd_btf &&
+	    prog->aux->attach_btf_id == hybd_bpf_btf_ids[1])
+		return 0;
+	return -EACCES;
+}
+
 static const struct btf_kfunc_id_set hybd_kfunc_set = {
 	.owner	= THIS_MODULE,
 	.set	= &hybd_kfunc_ids,
+	.filter	= hybd_kfunc_filter,
 };
 
 /* ---- the struct_ops type ---- */
@@ -231,7 +250,7 @@ static int hybd_ops_btf_struct_access(struct bpf_verifier_log *log,
 				      const struct bpf_reg_state *reg,
 				      int off, int size)
 {
-	if (reg->btf == hybd_btf && reg->btf_id == hybd_bpf_io_btf_id[0] &&
+	if (reg->btf == hybd_btf && reg->btf_id == hybd_bpf_btf_ids[0] &&
 	    off >= offsetof(struct hybd_bpf_io, scratch) &&
 	    off + size <= offsetofend(struct hybd_bpf_io, scratch))
 		return NOT_INIT;
@@ -365,9 +384,9 @@ static bool hybd_bpf_dev_takes_prog(struct hybd_dev *dev)
  * @link: the link being created, or NULL
  *
  * Context: process context (BPF_LINK_CREATE), may sleep.
- * Return: 0; -ENODEV if the device does not exist or is dead or being
- * deleted, -EBUSY if it has a program (or this one is attached already),
- * -ESTALE if this ops was attached before.
+ * Return: 0; -EPERM without CAP_SYS_ADMIN, -ENODEV if the device does not
+ * exist or is dead or being deleted, -EBUSY if it has a program (or this
+ * one is attached already), -ESTALE if this ops was attached before.
  */
 static int hybd_ops_reg(void *kdata, struct bpf_link *link)
 {
@@ -376,6 +395,8 @@ static int hybd_ops_reg(void *kdata, struct bpf_link *link)
 	struct hybd_dev *dev;
 	int ret;
 
+	if (!capable(CAP_SYS_ADMIN))
+		return -EPERM;
 	dev = hybd_dev_get(ops->dev_id);
 	if (!dev)
 		return -ENODEV;
@@ -443,9 +464,9 @@ static void hybd_ops_unreg(void *kdata, struct bpf_link *link)
  * passed is its own.
  *
  * Context: process context (BPF_LINK_UPDATE), may sleep.
- * Return: 0; -EINVAL for another dev_id, -ENODEV if the device was
- * deleted, -EBUSY if @kdata is attached elsewhere, -ESTALE if it was
- * attached before.
+ * Return: 0; -EPERM without CAP_SYS_ADMIN, -EINVAL for another dev_id,
+ * -ENODEV if the device was deleted, -EBUSY if @kdata is attached
+ * elsewhere, -ESTALE if it was attached before.
  */
 static int hybd_ops_update(void *kdata, void *old_kdata, struct bpf_link *link)
 {
@@ -453,6 +474,8 @@ static int hybd_ops_update(void *kdata, void *old_kdata, struct bpf_link *link)
 	struct hybd_bpf_prog *p, *old;
 	int ret;
 
+	if (!capable(CAP_SYS_ADMIN))
+		return -EPERM;
 	if (ops->dev_id != old_ops->dev_id)
 		return -EINVAL;
 	p = kzalloc(sizeof(*p), GFP_KERNEL);

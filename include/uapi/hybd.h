@@ -391,13 +391,15 @@ struct hybd_srv_io {
  * program passed to the slow path has finished, before the block layer
  * sees it, so the program can cache the data just read.
  *
- * Attaching needs a device that is added or live (-ENODEV for a dead or
- * deleting one).  A program belongs to the device it was attached to:
- * deleting the device drops it (its link stays, attached to nothing), and
- * a later device with the same id never sees it.  A loaded struct_ops map
- * is attached once: after it left its device (detached, replaced, or the
- * device deleted) its maps have missed writes, and attaching or replacing
- * with it again fails with -ESTALE; load the object again.
+ * Attaching and replacing need CAP_SYS_ADMIN (as adding a device does;
+ * -EPERM) and a device that is added or live (-ENODEV for a dead or
+ * deleting one); hybd's kfuncs are for struct hybd_bpf_ops programs only.
+ * A program belongs to the device it was attached to: deleting the device
+ * drops it (its link stays, attached to nothing), and a later device with
+ * the same id never sees it.  A loaded struct_ops map is attached once:
+ * after it left its device (detached, replaced, or the device deleted) its
+ * maps have missed writes, and attaching or replacing with it again fails
+ * with -ESTALE; load the object again.
  */
 
 /*
