@@ -149,7 +149,8 @@ void BPF_STRUCT_OPS(cache_complete, struct hybd_bpf_io *io)
 		s->blk = blk + 1;
 		cache_count(STAT_FILL);
 	}
-	__sync_fetch_and_add(&s->seq, 1);
+	/* release: odd -> even, ordered after the fill's stores */
+	hybd_atomic_fetch_add(&s->seq, 1);
 }
 
 HYBD_OPS_DEFINE(cache_ops,

@@ -6,13 +6,32 @@
  *
  *   submit(io)    runs in the block driver's queue_rq for EVERY request
  *                 (read, write, flush, discard, write-zeroes).  Return
- *                 HYBD_BPF_DONE to complete it right here (after filling a
- *                 read's payload with hybd_bpf_io_zero() or
- *                 hybd_bpf_io_copy_in()), -EIO & co. to fail it, or
- *                 HYBD_BPF_PASS to hand it to the user-space server.
+ *                 HYBD_BPF_DONE to complete it right here, -EIO & co. to
+ *                 fail it, or HYBD_BPF_PASS to hand it to the user-space
+ *                 server.
  *   complete(io)  runs when the server finished a request, before the
- *                 block layer sees it: io->result is its status and a
- *                 read's payload holds the data, so you can cache it.
+ *                 block layer sees it: io->result is its status and, if
+ *                 that is 0, a read's payload holds the data, so you can
+ *                 cache it.
+ *
+ * DONE means the server never sees the request:
+ *   - a read must be filled, all of it, before submit() returns DONE:
+ *     hybd_bpf_io_zero(), or hybd_bpf_io_copy_in() from offset 0 up, in
+ *     order (the kernel tracks the filled prefix).  A read completed
+ *     without that fails with EIO and counts in bpf_unfilled: the reader
+ *     never gets whatever the pages held before.
+ *   - a write, flush, discard or write-zeroes completed with DONE is never
+ *     stored, flushed or discarded by the server: the program has taken
+ *     that on itself.
+ * A read's payload is readable (copy_out, is_zero) only in complete() with
+ * io->result 0; in submit() it is not the device's data yet, and after a
+ * failure it is nobody's: both return -EINVAL there.
+ *
+ * Attaching needs CAP_SYS_ADMIN, and the kfuncs are for struct
+ * hybd_bpf_ops programs only.  A loaded object attaches once: after it
+ * was detached or replaced, or its device deleted, its maps have missed
+ * writes, and the kernel refuses it (-ESTALE); load it again.  (A loader
+ * that hands an old object's maps to a new one must empty them itself.)
  *
  * A program reads like a list of callbacks:
  *
@@ -48,17 +67,37 @@
 
 /* ---- kfuncs: moving data between a request and BPF memory ---- */
 
-/* Fill a read with zeros.  0, or -EINVAL if not a read. */
+/* Fill a read with zeros, all of it.  0, or -EINVAL if not a read. */
 extern int hybd_bpf_io_zero(struct hybd_bpf_io *io) __ksym;
-/* Copy src__sz bytes of BPF memory into a read's payload at off. */
+/* Copy src__sz bytes of BPF memory into a read's payload at off; extends
+ * the filled prefix if off is within it. */
 extern int hybd_bpf_io_copy_in(struct hybd_bpf_io *io, __u32 off,
 			       const void *src, __u32 src__sz) __ksym;
 /* Copy dst__sz bytes of the payload at off out (write: submit/complete;
- * read: complete). */
+ * read: complete with io->result 0, else -EINVAL). */
 extern int hybd_bpf_io_copy_out(struct hybd_bpf_io *io, __u32 off,
 				void *dst, __u32 dst__sz) __ksym;
-/* 1 if the payload is all zero, 0 if not, -EINVAL without payload. */
+/* 1 if the payload is all zero, 0 if not, -EINVAL without a readable
+ * payload (as copy_out). */
 extern int hybd_bpf_io_is_zero(struct hybd_bpf_io *io) __ksym;
+
+/* ---- ordered atomics ---- */
+
+/*
+ * *p += v, returning the old value, as a fetching atomic instruction
+ * (BPF_FETCH), which every JIT emits fully ordered (arm64: LDADDAL).  Use
+ * it wherever the add publishes stores made before it.  A plain
+ * __sync_fetch_and_add() whose result is unused compiles to a
+ * non-fetching add, which orders nothing on arm64 (STADD): the empty asm
+ * makes the result used.
+ */
+static __always_inline __u64 hybd_atomic_fetch_add(__u64 *p, __u64 v)
+{
+	__u64 old = __sync_fetch_and_add(p, v);
+
+	asm volatile("" : : "r"(old) : "memory");
+	return old;
+}
 
 /* ---- defining the ops ---- */
 
@@ -136,7 +175,7 @@ static long hybd_ver_bump_one(__u64 i, void *ctx)
 	__u64 *v = hybd_ver_slot(r->first + i);
 
 	if (v)
-		__sync_fetch_and_add(v, 1);
+		hybd_atomic_fetch_add(v, 1);
 	return 0;
 }
 

@@ -7,8 +7,14 @@
  * submit() runs in queue_rq for every request and either completes it
  * (HYBD_BPF_DONE or -errno) or passes it to the server (HYBD_BPF_PASS).
  * complete() runs for a request when the server has finished it.
- * Attach, detach and replace swap one RCU pointer, so a request sees one
- * program or none, and is completed exactly once either way.
+ *
+ * Each attach or replace makes a struct hybd_bpf_prog: the ops, the
+ * generation stamped on the requests it passes, and the device it belongs
+ * to.  The device points at it through one RCU pointer, so a request sees
+ * one program with its own generation, or none, and is completed exactly
+ * once either way.  The program is tied to the device object, never to an
+ * id that a later device may reuse; and an ops that left its device never
+ * comes back (its maps missed what the device did meanwhile).
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
@@ -23,40 +29,92 @@
 
 #include "hybd.h"
 
+/**
+ * struct hybd_bpf_prog - a program attached to a device
+ * @ops: the kernel's copy of the struct_ops map's value
+ * @gen: the device's generation when it was attached; tags carry it
+ * @dev: the device, referenced
+ * @link: the BPF link, or NULL (a map registered without one); its id is
+ *	read at info time, since a link has none yet during reg()
+ * @node: in hybd_bpf_progs
+ * @rcu: freed after a grace period: submit() and complete() read it under
+ *	RCU, once per call
+ */
+struct hybd_bpf_prog {
+	struct hybd_bpf_ops	*ops;
+	u32			gen;
+	struct hybd_dev		*dev;
+	struct bpf_link		*link;
+	struct list_head	node;
+	struct rcu_head		rcu;
+};
+
+/*
+ * Set in the kernel's copy of hybd_bpf_ops.flags (user space must pass 0)
+ * once the ops has left its device: detached, replaced, or the device was
+ * deleted.  Its maps missed every write since, so it is never registered
+ * again: a loader attaches a fresh load instead.
+ */
+#define HYBD_BPF_OPS_RETIRED	(1U << 31)
+
+/*
+ * hybd_bpf_lock protects hybd_bpf_progs, every dev->bpf_prog, bpf_gen,
+ * bpf_attaches and bpf_gone, and the RETIRED flag.  hybd_bpf_progs holds
+ * each device's current program, so that unreg() and update() find the
+ * device of an ops without looking its id up.
+ */
 static DEFINE_MUTEX(hybd_bpf_lock);
+static LIST_HEAD(hybd_bpf_progs);
 static const struct btf *hybd_btf;
 
-BTF_ID_LIST_SINGLE(hybd_bpf_io_btf_id, struct, hybd_bpf_io)
+BTF_ID_LIST(hybd_bpf_btf_ids)
+BTF_ID(struct, hybd_bpf_io)
+BTF_ID(struct, hybd_bpf_ops)
 
 static struct hybd_tag *hybd_io_tag(struct hybd_bpf_io *io)
 {
 	return container_of(io, struct hybd_tag, bio);
 }
 
-static bool hybd_io_has_data(struct hybd_bpf_io *io)
+/*
+ * Whether a request's payload may be read: a write's always; a read's only
+ * in complete() after the server succeeded, when it is the device's data
+ * (in submit() it is whatever the pages held, and after a failure too).
+ */
+static bool hybd_io_readable(struct hybd_bpf_io *io)
 {
-	return io->op == HYBD_OP_READ || io->op == HYBD_OP_WRITE;
+	switch (io->op) {
+	case HYBD_OP_WRITE:
+		return true;
+	case HYBD_OP_READ:
+		return hybd_io_tag(io)->bpf_data;
+	default:
+		return false;
+	}
 }
 
 __bpf_kfunc_start_defs();
 
 /**
  * hybd_bpf_io_zero() - fill a read request with zeros
- * @io: the request, from submit()
+ * @io: the request, a read
+ *
+ * Fills the whole payload: submit() may then return HYBD_BPF_DONE.
  *
  * Context: submit() or complete(); does not sleep.
  * Return: 0, or -EINVAL if @io is not a read.
  */
 __bpf_kfunc int hybd_bpf_io_zero(struct hybd_bpf_io *io)
 {
-	struct request *rq = hybd_io_tag(io)->rq;
+	struct hybd_tag *t = hybd_io_tag(io);
 	struct req_iterator iter;
 	struct bio_vec bv;
 
 	if (io->op != HYBD_OP_READ)
 		return -EINVAL;
-	rq_for_each_segment(bv, rq, iter)
+	rq_for_each_segment(bv, t->rq, iter)
 		memzero_bvec(&bv);
+	t->bpf_filled = io->bytes;
 	return 0;
 }
 
@@ -67,36 +125,44 @@ __bpf_kfunc int hybd_bpf_io_zero(struct hybd_bpf_io *io)
  * @src: BPF memory (a map value, stack)
  * @src__sz: bytes to copy; @off + @src__sz must not pass io->bytes
  *
+ * The kernel counts as filled the prefix of the payload that copies
+ * starting at or before its end have covered: fill a read from offset 0
+ * up, in order, before submit() returns HYBD_BPF_DONE for it.
+ *
  * Context: submit() or complete(); does not sleep.
  * Return: 0, -EINVAL if @io is not a read, -ERANGE if out of bounds.
  */
 __bpf_kfunc int hybd_bpf_io_copy_in(struct hybd_bpf_io *io, u32 off,
 				    const void *src, u32 src__sz)
 {
+	struct hybd_tag *t = hybd_io_tag(io);
+
 	if (io->op != HYBD_OP_READ)
 		return -EINVAL;
 	if ((u64)off + src__sz > io->bytes)
 		return -ERANGE;
-	hybd_rq_copy(hybd_io_tag(io)->rq, off, (void *)src, src__sz, true);
+	hybd_rq_copy(t->rq, off, (void *)src, src__sz, true);
+	if (off <= t->bpf_filled && off + src__sz > t->bpf_filled)
+		t->bpf_filled = off + src__sz;
 	return 0;
 }
 
 /**
  * hybd_bpf_io_copy_out() - copy a request's payload into BPF memory
- * @io: the request: a write (submit or complete) or a read (complete,
- *      where the payload is the data the server returned)
+ * @io: the request: a write (submit or complete) or a read in complete()
+ *      that the server succeeded, whose payload is the data it returned
  * @off: byte offset into the payload
  * @dst: BPF memory (a map value, stack)
  * @dst__sz: bytes to copy; @off + @dst__sz must not pass io->bytes
  *
  * Context: submit() or complete(); does not sleep.
- * Return: 0, -EINVAL for a request without payload, -ERANGE if out of
- * bounds.
+ * Return: 0, -EINVAL for a request without payload, a read in submit()
+ * or a read the server failed, -ERANGE if out of bounds.
  */
 __bpf_kfunc int hybd_bpf_io_copy_out(struct hybd_bpf_io *io, u32 off,
 				     void *dst, u32 dst__sz)
 {
-	if (!hybd_io_has_data(io))
+	if (!hybd_io_readable(io))
 		return -EINVAL;
 	if ((u64)off + dst__sz > io->bytes)
 		return -ERANGE;
@@ -106,10 +172,12 @@ __bpf_kfunc int hybd_bpf_io_copy_out(struct hybd_bpf_io *io, u32 off,
 
 /**
  * hybd_bpf_io_is_zero() - test whether a request's payload is all zero
- * @io: the request (a write in submit, a read in complete)
+ * @io: the request: a write, or a read in complete() that the server
+ *      succeeded
  *
  * Context: submit() or complete(); does not sleep.
- * Return: 1 if every byte is zero, 0 if not, -EINVAL without payload.
+ * Return: 1 if every byte is zero, 0 if not, -EINVAL for a request without
+ * payload, a read in submit() or a read the server failed.
  */
 __bpf_kfunc int hybd_bpf_io_is_zero(struct hybd_bpf_io *io)
 {
@@ -117,7 +185,7 @@ __bpf_kfunc int hybd_bpf_io_is_zero(struct hybd_bpf_io *io)
 	struct req_iterator iter;
 	struct bio_vec bv;
 
-	if (!hybd_io_has_data(io))
+	if (!hybd_io_readable(io))
 		return -EINVAL;
 	rq_for_each_segment(bv, rq, iter) {
 		void *p = bvec_kmap_local(&bv);
@@ -139,9 +207,26 @@ BTF_ID_FLAGS(func, hybd_bpf_io_copy_out, KF_TRUSTED_ARGS)
 BTF_ID_FLAGS(func, hybd_bpf_io_is_zero, KF_TRUSTED_ARGS)
 BTF_KFUNCS_END(hybd_kfunc_ids)
 
+/*
+ * The kfuncs work on a struct hybd_bpf_io that only hybd_bpf_ops programs
+ * are given: refuse them to every other program, struct_ops of other
+ * kinds included.
+ */
+static int hybd_kfunc_filter(const struct bpf_prog *prog, u32 kfunc_id)
+{
+	if (!btf_id_set8_contains(&hybd_kfunc_ids, kfunc_id))
+		return 0;
+	if (prog->type == BPF_PROG_TYPE_STRUCT_OPS && hybd_btf &&
+	    prog->aux->attach_btf == hybd_btf &&
+	    prog->aux->attach_btf_id == hybd_bpf_btf_ids[1])
+		return 0;
+	return -EACCES;
+}
+
 static const struct btf_kfunc_id_set hybd_kfunc_set = {
 	.owner	= THIS_MODULE,
 	.set	= &hybd_kfunc_ids,
+	.filter	= hybd_kfunc_filter,
 };
 
 /* ---- the struct_ops type ---- */
@@ -165,7 +250,7 @@ static int hybd_ops_btf_struct_access(struct bpf_verifier_log *log,
 				      const struct bpf_reg_state *reg,
 				      int off, int size)
 {
-	if (reg->btf == hybd_btf && reg->btf_id == hybd_bpf_io_btf_id[0] &&
+	if (reg->btf == hybd_btf && reg->btf_id == hybd_bpf_btf_ids[0] &&
 	    off >= offsetof(struct hybd_bpf_io, scratch) &&
 	    off + size <= offsetofend(struct hybd_bpf_io, scratch))
 		return NOT_INIT;
@@ -224,73 +309,201 @@ static int hybd_ops_validate(void *kdata)
 	return ops->submit ? 0 : -EINVAL;
 }
 
-static void hybd_bpf_set(struct hybd_dev *dev, struct hybd_bpf_ops *ops,
-			 struct bpf_link *link)
+/* The program of @ops, if it is attached; under hybd_bpf_lock. */
+static struct hybd_bpf_prog *hybd_bpf_find(struct hybd_bpf_ops *ops)
 {
-	rcu_assign_pointer(dev->bpf_ops, ops);
-	if (ops) {
-		dev->bpf_gen++;
-		dev->bpf_attaches++;
-	}
-	/* the link gets its id only after reg(): read it at info time */
-	dev->bpf_link = ops ? link : NULL;
+	struct hybd_bpf_prog *p;
+
+	list_for_each_entry(p, &hybd_bpf_progs, node)
+		if (p->ops == ops)
+			return p;
+	return NULL;
 }
 
+/* May @ops be registered, as far as its own past goes? */
+static int hybd_bpf_ops_usable(struct hybd_bpf_ops *ops)
+{
+	if (ops->flags & HYBD_BPF_OPS_RETIRED)
+		return -ESTALE;
+	if (hybd_bpf_find(ops))
+		return -EBUSY;
+	return 0;
+}
+
+/*
+ * Make @p its device's program, with a new generation; under
+ * hybd_bpf_lock.  The device's previous program, if any, is the caller's
+ * to take off the list.
+ */
+static void hybd_bpf_install(struct hybd_bpf_prog *p)
+{
+	struct hybd_dev *dev = p->dev;
+
+	if (!++dev->bpf_gen)	/* 0 means "no program" */
+		++dev->bpf_gen;
+	p->gen = dev->bpf_gen;
+	dev->bpf_attaches++;
+	list_add(&p->node, &hybd_bpf_progs);
+	rcu_assign_pointer(dev->bpf_prog, p);
+}
+
+/* Take @p off its device for good; under hybd_bpf_lock. */
+static void hybd_bpf_uninstall(struct hybd_bpf_prog *p)
+{
+	p->ops->flags |= HYBD_BPF_OPS_RETIRED;
+	list_del(&p->node);
+	WARN_ON_ONCE(rcu_access_pointer(p->dev->bpf_prog) != p);
+	RCU_INIT_POINTER(p->dev->bpf_prog, NULL);
+}
+
+/* Free an uninstalled program once no submit() or complete() can see it. */
+static void hybd_bpf_prog_release(struct hybd_bpf_prog *p)
+{
+	synchronize_rcu();
+	hybd_dev_put(p->dev);
+	kfree(p);
+}
+
+/*
+ * A device takes a program while it is added or live.  The state is only
+ * a courtesy (a clear -ENODEV for a dead or deleting device); bpf_gone,
+ * set by hybd_bpf_dev_gone() under hybd_bpf_lock, is what makes an attach
+ * and a delete exclude each other.
+ */
+static bool hybd_bpf_dev_takes_prog(struct hybd_dev *dev)
+{
+	enum hybd_dev_state state = READ_ONCE(dev->state);
+
+	return !dev->bpf_gone &&
+	       (state == HYBD_STATE_ADDED || state == HYBD_STATE_LIVE);
+}
+
+/**
+ * hybd_ops_reg() - attach a program to the device named by its dev_id
+ * @kdata: the kernel's struct hybd_bpf_ops
+ * @link: the link being created, or NULL
+ *
+ * Context: process context (BPF_LINK_CREATE), may sleep.
+ * Return: 0; -EPERM without CAP_SYS_ADMIN, -ENODEV if the device does not
+ * exist or is dead or being deleted, -EBUSY if it has a program (or this
+ * one is attached already), -ESTALE if this ops was attached before.
+ */
 static int hybd_ops_reg(void *kdata, struct bpf_link *link)
 {
 	struct hybd_bpf_ops *ops = kdata;
+	struct hybd_bpf_prog *p;
 	struct hybd_dev *dev;
-	int ret = 0;
+	int ret;
 
+	if (!capable(CAP_SYS_ADMIN))
+		return -EPERM;
 	dev = hybd_dev_get(ops->dev_id);
 	if (!dev)
 		return -ENODEV;
+	p = kzalloc(sizeof(*p), GFP_KERNEL);
+	if (!p) {
+		hybd_dev_put(dev);
+		return -ENOMEM;
+	}
+	p->ops = ops;
+	p->dev = dev;		/* the device reference is p's */
+	p->link = link;
+
 	mutex_lock(&hybd_bpf_lock);
-	if (rcu_access_pointer(dev->bpf_ops))
+	ret = hybd_bpf_ops_usable(ops);
+	if (!ret && !hybd_bpf_dev_takes_prog(dev))
+		ret = -ENODEV;
+	if (!ret && rcu_access_pointer(dev->bpf_prog))
 		ret = -EBUSY;
-	else
-		hybd_bpf_set(dev, ops, link);
+	if (!ret)
+		hybd_bpf_install(p);
 	mutex_unlock(&hybd_bpf_lock);
-	hybd_dev_put(dev);
+
+	if (ret) {
+		hybd_dev_put(dev);
+		kfree(p);
+	}
 	return ret;
 }
 
+/**
+ * hybd_ops_unreg() - detach a program from the device it was attached to
+ * @kdata: the kernel's struct hybd_bpf_ops
+ * @link: its link, or NULL
+ *
+ * Acts on the device object the program was attached to, which may have
+ * been deleted since (then there is nothing left to do), never on whatever
+ * device has its id now.  @kdata is never registered again.
+ *
+ * Context: process context, may sleep.  No submit() or complete() of
+ * @kdata runs once it returns.
+ */
 static void hybd_ops_unreg(void *kdata, struct bpf_link *link)
 {
 	struct hybd_bpf_ops *ops = kdata;
-	struct hybd_dev *dev;
+	struct hybd_bpf_prog *p;
 
-	dev = hybd_dev_get(ops->dev_id);
-	if (!dev)
-		return;
 	mutex_lock(&hybd_bpf_lock);
-	if (rcu_access_pointer(dev->bpf_ops) == ops)
-		hybd_bpf_set(dev, NULL, NULL);
+	ops->flags |= HYBD_BPF_OPS_RETIRED;
+	p = hybd_bpf_find(ops);
+	if (p)
+		hybd_bpf_uninstall(p);
 	mutex_unlock(&hybd_bpf_lock);
-	/* no submit() or complete() of @ops runs after this */
-	synchronize_rcu();
-	hybd_dev_put(dev);
+	if (p)
+		hybd_bpf_prog_release(p);
 }
 
+/**
+ * hybd_ops_update() - replace a device's program under its link
+ * @kdata: the new struct hybd_bpf_ops, for the same dev_id
+ * @old_kdata: the one attached now
+ * @link: the link
+ *
+ * Every request sees the old program or the new one: the new one gets a
+ * new generation, so complete() never tells it a request the old one
+ * passed is its own.
+ *
+ * Context: process context (BPF_LINK_UPDATE), may sleep.
+ * Return: 0; -EPERM without CAP_SYS_ADMIN, -EINVAL for another dev_id,
+ * -ENODEV if the device was deleted, -EBUSY if @kdata is attached
+ * elsewhere, -ESTALE if it was attached before.
+ */
 static int hybd_ops_update(void *kdata, void *old_kdata, struct bpf_link *link)
 {
-	struct hybd_bpf_ops *ops = kdata, *old = old_kdata;
-	struct hybd_dev *dev;
-	int ret = 0;
+	struct hybd_bpf_ops *ops = kdata, *old_ops = old_kdata;
+	struct hybd_bpf_prog *p, *old;
+	int ret;
 
-	if (ops->dev_id != old->dev_id)
+	if (!capable(CAP_SYS_ADMIN))
+		return -EPERM;
+	if (ops->dev_id != old_ops->dev_id)
 		return -EINVAL;
-	dev = hybd_dev_get(ops->dev_id);
-	if (!dev)
-		return -ENODEV;
+	p = kzalloc(sizeof(*p), GFP_KERNEL);
+	if (!p)
+		return -ENOMEM;
+
 	mutex_lock(&hybd_bpf_lock);
-	if (rcu_access_pointer(dev->bpf_ops) != old)
-		ret = -ENOENT;
-	else
-		hybd_bpf_set(dev, ops, link);
+	old = hybd_bpf_find(old_ops);
+	ret = old ? 0 : -ENODEV;
+	if (!ret && ops != old_ops)
+		ret = hybd_bpf_ops_usable(ops);
+	if (!ret && ops != old_ops) {
+		/* the old program's device reference moves to the new one */
+		p->ops = ops;
+		p->dev = old->dev;
+		p->link = link;
+		old_ops->flags |= HYBD_BPF_OPS_RETIRED;
+		list_del(&old->node);
+		hybd_bpf_install(p);
+		p = NULL;
+	} else {
+		old = NULL;
+	}
 	mutex_unlock(&hybd_bpf_lock);
-	synchronize_rcu();
-	hybd_dev_put(dev);
+
+	kfree(p);
+	if (old)
+		kfree_rcu(old, rcu);
 	return ret;
 }
 
@@ -345,25 +558,44 @@ int hybd_bpf_init(void)
 	return hybd_btf ? 0 : -ENOENT;
 }
 
-/* The device is being deleted: forget its program (the link stays). */
+/**
+ * hybd_bpf_dev_gone() - the device is being deleted: drop its program
+ * @dev: the device
+ *
+ * The program's link stays until its owner closes it, attached to nothing;
+ * no program can be attached to @dev any more.
+ *
+ * Context: process context, may sleep.  No submit() or complete() runs for
+ * @dev once it returns.
+ */
 void hybd_bpf_dev_gone(struct hybd_dev *dev)
 {
+	struct hybd_bpf_prog *p;
+
 	mutex_lock(&hybd_bpf_lock);
-	hybd_bpf_set(dev, NULL, NULL);
+	dev->bpf_gone = true;
+	p = rcu_dereference_protected(dev->bpf_prog,
+				      lockdep_is_held(&hybd_bpf_lock));
+	if (p)
+		hybd_bpf_uninstall(p);
 	mutex_unlock(&hybd_bpf_lock);
-	synchronize_rcu();
+	if (p)
+		hybd_bpf_prog_release(p);
+	else
+		synchronize_rcu();
 }
 
 void hybd_bpf_fill_info(struct hybd_dev *dev, struct hybd_dev_info *info)
 {
-	struct hybd_bpf_ops *ops;
+	struct hybd_bpf_prog *p;
 
 	mutex_lock(&hybd_bpf_lock);
-	ops = rcu_dereference_protected(dev->bpf_ops,
-					lockdep_is_held(&hybd_bpf_lock));
-	if (ops)
-		strscpy(info->bpf_name, ops->name, sizeof(info->bpf_name));
-	info->bpf_link_id = dev->bpf_link ? dev->bpf_link->id : 0;
+	p = rcu_dereference_protected(dev->bpf_prog,
+				      lockdep_is_held(&hybd_bpf_lock));
+	if (p) {
+		strscpy(info->bpf_name, p->ops->name, sizeof(info->bpf_name));
+		info->bpf_link_id = p->link ? p->link->id : 0;
+	}
 	info->bpf_attaches = dev->bpf_attaches;
 	mutex_unlock(&hybd_bpf_lock);
 }
@@ -371,30 +603,41 @@ void hybd_bpf_fill_info(struct hybd_dev *dev, struct hybd_dev_info *info)
 /**
  * hybd_bpf_submit() - run the attached program's submit() on a request
  * @q: the request's queue
- * @t: the request's tag, with t->rq set
+ * @t: the request's tag, with t->rq and t->bio set
  *
  * Context: queue_rq, under RCU.
  * Return: HYBD_BPF_PASS when the server must handle the request (also
  * when no program is attached), else a blk_status_t-worthy errno or 0
  * (HYBD_BPF_DONE): the caller ends the request.  A return value outside
- * the contract is counted and becomes -EIO.
+ * the contract, and HYBD_BPF_DONE for a read whose payload the program did
+ * not fill, are counted and become -EIO.
  */
 int hybd_bpf_submit(struct hybd_queue *q, struct hybd_tag *t)
 {
-	struct hybd_bpf_ops *ops;
+	struct hybd_bpf_prog *p = rcu_dereference(q->dev->bpf_prog);
 	int ret;
 
-	ops = rcu_dereference(q->dev->bpf_ops);
-	if (!ops) {
+	if (!p) {
 		t->bpf_gen = 0;
 		return HYBD_BPF_PASS;
 	}
-	t->bpf_gen = READ_ONCE(q->dev->bpf_gen);
-	ret = ops->submit(&t->bio);
-	if (ret == HYBD_BPF_PASS || ret == HYBD_BPF_DONE)
+	t->bpf_gen = p->gen;
+	t->bpf_filled = 0;
+	t->bpf_data = false;	/* a read's payload is not the device's yet */
+	ret = p->ops->submit(&t->bio);
+	if (ret == HYBD_BPF_DONE) {
+		if (t->bio.op == HYBD_OP_READ &&
+		    t->bpf_filled < t->bio.bytes) {
+			hybd_stat_inc(q, bpf_unfilled);
+			return -EIO;
+		}
+		return ret;
+	}
+	if (ret == HYBD_BPF_PASS)
 		return ret;
 	if (ret < 0 && ret >= -MAX_ERRNO)
 		return ret;
+	/* what the fast path did wrong fails the request with EIO */
 	hybd_stat_inc(q, bpf_bad_ret);
 	return -EIO;
 }
@@ -412,14 +655,14 @@ int hybd_bpf_submit(struct hybd_queue *q, struct hybd_tag *t)
  */
 void hybd_bpf_complete(struct hybd_queue *q, struct hybd_tag *t)
 {
-	struct hybd_bpf_ops *ops;
+	struct hybd_bpf_prog *p;
 
 	rcu_read_lock();
-	ops = rcu_dereference(q->dev->bpf_ops);
-	if (ops && ops->complete) {
-		t->bio.own = t->bpf_gen &&
-			     t->bpf_gen == READ_ONCE(q->dev->bpf_gen);
-		ops->complete(&t->bio);
+	p = rcu_dereference(q->dev->bpf_prog);
+	if (p && p->ops->complete) {
+		t->bio.own = t->bpf_gen && t->bpf_gen == p->gen;
+		t->bpf_data = !t->bio.result;
+		p->ops->complete(&t->bio);
 	}
 	rcu_read_unlock();
 }

@@ -23,7 +23,7 @@
 
 #include "uapi/hybd.h"
 
-struct bpf_link;
+struct hybd_bpf_prog;
 
 /* without an I/O timeout, how often a request checks its server lives */
 #define HYBD_LIVENESS_TIMEOUT	(30 * HZ)
@@ -39,7 +39,9 @@ struct hybd_tag {
 	u64		seq;
 	u64		start_ns;
 	u32		bpf_gen;	/* generation of the program that passed it */
+	u32		bpf_filled;	/* read bytes the kfuncs filled, a prefix */
 	u8		state;
+	bool		bpf_data;	/* a read's payload is the device's data */
 	struct hybd_bpf_io bio;		/* what the BPF program sees */
 };
 
@@ -55,7 +57,7 @@ struct hybd_queue_stats {
 	u64 reads, writes, flushes, fua, discards, write_zeroes;
 	u64 rej_bad_tag, rej_not_outstanding, rej_stale_seq;
 	u64 rej_bad_result, rej_ring_index;
-	u64 bpf_bad_ret;
+	u64 bpf_bad_ret, bpf_unfilled;
 	u64 timed_out;
 	u64 fast_lat[HYBD_LAT_BUCKETS];
 	u64 slow_lat[HYBD_LAT_BUCKETS];
@@ -135,10 +137,10 @@ struct hybd_dev {
 	struct device		*srv_dev;
 
 	/* the BPF fast path; written under hybd_bpf_lock, read under RCU */
-	struct hybd_bpf_ops __rcu *bpf_ops;
+	struct hybd_bpf_prog __rcu *bpf_prog;
 	u32			bpf_gen;	/* bumped on attach/replace */
-	struct bpf_link		*bpf_link;	/* valid until unreg */
 	u32			bpf_attaches;
+	bool			bpf_gone;	/* deleted: takes no program */
 };
 
 /* main.c */

@@ -613,6 +613,30 @@ static void wait_released(uint32_t dev_id, uint32_t link_id)
 	}
 }
 
+/*
+ * Message for an attach or replace (@what: "attaching to", "replacing the
+ * fast path of") that the kernel refused with @err.
+ */
+static int update_err(uint32_t dev_id, int err, const char *what)
+{
+	switch (err) {
+	case -EPERM:
+		return hybd__err(err,
+				 "%s hybd%u needs CAP_SYS_ADMIN (CAP_BPF and CAP_PERFMON are not enough)",
+				 what, dev_id);
+	case -ESTALE:
+		return hybd__err(err,
+				 "%s hybd%u: this loaded program was attached before and missed the device's writes since; load it again",
+				 what, dev_id);
+	case -ENODEV:
+		return hybd__err(err, "%s hybd%u failed: the device is gone",
+				 what, dev_id);
+	default:
+		return hybd__err(err, "%s hybd%u failed: %s", what, dev_id,
+				 strerror(-err));
+	}
+}
+
 /* Message for an attach that the kernel refused with @err. */
 static int attach_err(uint32_t dev_id, int err)
 {
@@ -627,10 +651,15 @@ static int attach_err(uint32_t dev_id, int err)
 					 info.bpf_name, info.bpf_link_id);
 		return hybd__err(err, "hybd%u already has a fast path", dev_id);
 	case -ENODEV:
+		if (!hybd_ctl_info(dev_id, &info))
+			return hybd__err(err,
+					 "hybd%u is %s: it takes no fast path",
+					 dev_id, info.state == HYBD_STATE_DEAD ?
+					 "dead (its server is gone)" :
+					 "being deleted");
 		return hybd__err(err, "no device hybd%u", dev_id);
 	default:
-		return hybd__err(err, "attaching to hybd%u failed: %s", dev_id,
-				 strerror(-err));
+		return update_err(dev_id, err, "attaching to");
 	}
 }
 
@@ -677,8 +706,7 @@ static int hybd_bpf_swap_pinned(struct hybd_bpf *b)
 	ret = ret < 0 ? -errno : 0;
 	close(fd);
 	if (ret)
-		return hybd__err(ret, "replacing the fast path of hybd%u failed: %s",
-				 b->dev_id, strerror(-ret));
+		return update_err(b->dev_id, ret, "replacing the fast path of");
 	b->link_id = id;
 	return 0;
 }
@@ -828,8 +856,7 @@ int hybd_bpf_replace(struct hybd_bpf *b, const char *path)
 	if (b->link) {
 		ret = bpf_link__update_map(b->link, map);
 		if (ret)
-			hybd__err(ret, "replacing the fast path of hybd%u failed: %s",
-				  b->dev_id, strerror(-ret));
+			update_err(b->dev_id, ret, "replacing the fast path of");
 	} else {
 		/* the pin holds the link: see hybd_bpf_swap_pinned() */
 		link = bpf_map__attach_struct_ops(map);

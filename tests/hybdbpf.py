@@ -11,21 +11,25 @@ its test (it would keep the module loaded and the device id busy).
 
 import mmap
 import os
+import queue
 import re
 import shutil
 import struct
+import subprocess
+import threading
 from pathlib import Path
 
 import pytest
 
 import hybd_uapi as uapi
-from hybdlib import (REPO, direct_read, direct_write, hybdctl, info, io_errno,
-                     run, wait_for)
+from hybdlib import (REPO, T_CMD, direct_read, direct_write, hybdctl, info,
+                     io_errno, need_built, reap, run, wait_for)
 
 BLOCK = 4096
 PROGS = REPO / "bpf"
 TEST_PROGS = REPO / "tests" / "bpf"
 PIN_ROOT = Path("/sys/fs/bpf/hybd")
+BPFCTL = REPO / "tests" / "helpers" / "bpfctl"
 
 ATTACHED_RE = re.compile(
     r"^attached (\S+) \(link (\d+)\) to (/dev/hybd\d+)\s*$", re.M)
@@ -240,3 +244,85 @@ def need_bpf():
         pytest.skip("the hybd module has no BPF fast path (HYBD_F_BPF)")
     if not Path("/sys/kernel/btf/hybd").exists():
         pytest.skip("no BTF for the hybd module (/sys/kernel/btf/hybd)")
+
+
+# --------------------------------------------------------------- bpfctl
+
+class BpfCtl:
+    """tests/helpers/bpfctl run: libbpf driven one command at a time (see
+    bpfctl.c).  cmd(...) returns (errno, [words]): (0, values) for "ok",
+    (E, []) for "err E".  Its links are closed when it quits."""
+
+    def __init__(self):
+        need_built(BPFCTL, "tests/helpers/bpfctl")
+        self.proc = subprocess.Popen(
+            [str(BPFCTL), "run"], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines = queue.Queue()
+        self.err = []
+        threading.Thread(target=self._pump, args=(self.proc.stdout, True),
+                         daemon=True).start()
+        threading.Thread(target=self._pump, args=(self.proc.stderr, False),
+                         daemon=True).start()
+
+    def _pump(self, stream, is_stdout):
+        for line in stream:
+            if is_stdout:
+                self.lines.put(line)
+            else:
+                self.err.append(line)
+        if is_stdout:
+            self.lines.put(None)
+
+    def cmd(self, *words, timeout=T_CMD):
+        line = " ".join(str(w) for w in words)
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        try:
+            reply = self.lines.get(timeout=timeout)
+        except queue.Empty:
+            pytest.fail(f"bpfctl: no answer to {line!r} in {timeout}s",
+                        pytrace=False)
+        if reply is None:
+            pytest.fail(f"bpfctl exited on {line!r}: {''.join(self.err)}",
+                        pytrace=False)
+        words = reply.split()
+        if words[0] == "ok":
+            return 0, [int(w) for w in words[1:]]
+        assert words[0] == "err" and len(words) == 2, reply
+        return int(words[1]), []
+
+    def ok(self, *words, timeout=T_CMD):
+        """cmd() that must succeed; returns the values."""
+        e, vals = self.cmd(*words, timeout=timeout)
+        assert e == 0, (f"bpfctl {' '.join(map(str, words))}: "
+                        f"{os.strerror(e)}\n{''.join(self.err)[-3000:]}")
+        return vals
+
+    def open(self, name, path, dev):
+        """Load PATH as NAME, its hybd ops pointed at device DEV."""
+        self.ok("open", name, path, dev_id_of(dev), timeout=2 * T_CMD)
+
+    def close(self):
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.close()
+                self.proc.wait(timeout=T_CMD)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        return reap(self.proc)
+
+
+@pytest.fixture
+def bpfctl(servers):
+    """bpfctl() starts a tests/helpers/bpfctl; every one is told to quit
+    (closing its links) at teardown, before the servers stop."""
+    ctls = []
+
+    def start():
+        ctls.append(BpfCtl())
+        return ctls[-1]
+    yield start
+    for c in ctls:
+        c.close()

@@ -102,7 +102,7 @@ static const struct {
 	STAT(reads), STAT(writes), STAT(flushes), STAT(fua), STAT(discards),
 	STAT(write_zeroes), STAT(rej_bad_tag), STAT(rej_not_outstanding),
 	STAT(rej_stale_seq), STAT(rej_bad_result), STAT(rej_ring_index),
-	STAT(bpf_bad_ret), STAT(timed_out),
+	STAT(bpf_bad_ret), STAT(timed_out), STAT(bpf_unfilled),
 };
 
 static const struct {
@@ -998,6 +998,8 @@ static void stats_text(uint32_t id, const struct hybd_dev_info *info,
 	       (uint64_t)c->rej_bad_result, (uint64_t)c->rej_ring_index);
 	printf("bpf_bad_ret: %" PRIu64 " (fast-path returns outside the contract, failed with EIO)\n",
 	       (uint64_t)c->bpf_bad_ret);
+	printf("bpf_unfilled: %" PRIu64 " (reads the fast path completed without filling them, failed with EIO)\n",
+	       (uint64_t)c->bpf_unfilled);
 	putchar('\n');
 	print_histogram("fast path", st->total.fast_lat);
 	print_histogram("slow path", st->total.slow_lat);

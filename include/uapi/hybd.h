@@ -213,7 +213,8 @@ struct hybd_dev_stats {
 	__u64	rej_ring_index;	/* cq tail moved by more than the ring size */
 	__u64	bpf_bad_ret;	/* fast path returned outside the contract */
 	__u64	timed_out;	/* not completed within io_timeout: EIO */
-	__u64	reserved[13];
+	__u64	bpf_unfilled;	/* fast path DONE, read not filled: EIO */
+	__u64	reserved[12];
 };
 
 /* HYBD_CTL_INFO */
@@ -445,9 +446,28 @@ struct hybd_srv_io {
  * runs in queue_rq for every request; complete() runs when a request the
  * program passed to the slow path has finished, before the block layer
  * sees it, so the program can cache the data just read.
+ *
+ * Attaching and replacing need CAP_SYS_ADMIN (as adding a device does;
+ * -EPERM) and a device that is added or live (-ENODEV for a dead or
+ * deleting one); hybd's kfuncs are for struct hybd_bpf_ops programs only.
+ * A program belongs to the device it was attached to: deleting the device
+ * drops it (its link stays, attached to nothing), and a later device with
+ * the same id never sees it.  A loaded struct_ops map is attached once:
+ * after it left its device (detached, replaced, or the device deleted) its
+ * maps have missed writes, and attaching or replacing with it again fails
+ * with -ESTALE; load the object again.
  */
 
-/* submit() return values; -errno (-1..-4095) completes with that error */
+/*
+ * submit() return values; -errno (-1..-4095) completes with that error.
+ *
+ * HYBD_BPF_DONE ends the request in the kernel and the server never sees
+ * it: for a read, the program must have filled the whole payload first
+ * (hybd_bpf_io_zero(), or hybd_bpf_io_copy_in() from offset 0 up, in
+ * order), else the read fails with EIO and counts in bpf_unfilled; for a
+ * write, flush, discard or write-zeroes, DONE means the server never
+ * stores, flushes or discards anything: the program has taken that on.
+ */
 #define HYBD_BPF_DONE	0	/* completed in the kernel, success */
 #define HYBD_BPF_PASS	1	/* goes to the user-space server */
 
@@ -478,13 +498,40 @@ struct hybd_bpf_io {
 
 #define HYBD_BPF_NAME_LEN	16
 
+/**
+ * struct hybd_bpf_ops - a fast path
+ * @dev_id: the device to attach to
+ * @flags: none defined: must be zero
+ * @name: shown by info and stats
+ */
 struct hybd_bpf_ops {
-	/* every request: HYBD_BPF_DONE, HYBD_BPF_PASS or -errno */
+	/**
+	 * @submit: called for every request, before the server sees it.
+	 *
+	 * A read's payload is not the device's data yet: the kfuncs that
+	 * read a payload refuse it here.  May write io->scratch.
+	 *
+	 * Context: queue_rq, under RCU; must not sleep.
+	 *
+	 * Return: HYBD_BPF_DONE (see above), HYBD_BPF_PASS, or -errno to
+	 * fail the request; anything else fails it with EIO and counts in
+	 * bpf_bad_ret.
+	 */
 	int	(*submit)(struct hybd_bpf_io *io);
-	/* a request finished in the server (optional) */
+	/**
+	 * @complete: called when the server has finished a request (optional),
+	 * before the block layer sees it; io->result is the server's status,
+	 * io->own whether this program's submit() passed it.  A read's
+	 * payload is readable only if io->result is 0.
+	 *
+	 * Context: the server's commit (process context, under RCU); must
+	 * not sleep.
+	 *
+	 * Return: nothing; the request ends with the server's status.
+	 */
 	void	(*complete)(struct hybd_bpf_io *io);
-	__u32	dev_id;		/* the device to attach to */
-	__u32	flags;		/* none defined: must be zero */
+	__u32	dev_id;
+	__u32	flags;
 	char	name[HYBD_BPF_NAME_LEN];
 };
 
