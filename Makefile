@@ -4,6 +4,10 @@
 #   make deps       install every package the project needs (Debian 12)
 #   make test       deps + build, then the whole suite in one guest boot
 #                   (PYTEST_ARGS="-k bpf" selects tests)
+#   make test-debug deps + build, then the whole suite in a debug kernel
+#                   (KASAN, lockdep, KFENCE, UBSAN, kmemleak...) built once by
+#                   tools/debug-kernel and cached in /var/cache/hybd (HYBD_CACHE);
+#                   the first run builds it: about an hour on 2 cores
 #   make bench      deps + build, then the latency comparison in one guest
 #   make demo       deps + build, then the ramdisk/fast-path demo in a guest
 #   make help       this text
@@ -32,7 +36,7 @@ MAKEFLAGS += --no-print-directory
 endif
 export Q V
 
-.PHONY: all deps kmod lib tools examples bpf test bench demo clean \
+.PHONY: all deps kmod lib tools examples bpf test test-debug bench demo clean \
 	check unit help
 
 all: kmod lib tools examples bpf
@@ -66,6 +70,12 @@ test: deps
 	$(Q)$(MAKE) all
 	$(Q)$(MAKE) unit
 	$(Q)./tools/vm-run tests $(PYTEST_ARGS)
+
+# The module is built against the debug kernel's tree in a copy of kmod/
+# (results/debug-kmod), so kmod/hybd.ko stays the regular one.
+test-debug: deps
+	$(Q)$(MAKE) lib tools examples bpf
+	$(Q)./tools/debug-kernel test $(PYTEST_ARGS)
 
 bench: deps
 	$(Q)$(MAKE) all
