@@ -4,17 +4,28 @@
 #   make deps       install every package the project needs (Debian 12)
 #   make test       deps + build, then the whole suite in one guest boot
 #                   (PYTEST_ARGS="-k bpf" selects tests)
+#   make test-debug deps + build, then the whole suite in a debug kernel
+#                   (KASAN, lockdep, KFENCE, UBSAN, kmemleak...) built once by
+#                   tools/debug-kernel and cached in /var/cache/hybd (HYBD_CACHE);
+#                   the first run builds it: about an hour on 2 cores
 #   make bench      deps + build, then the latency comparison in one guest
 #   make demo       deps + build, then the ramdisk/fast-path demo in a guest
+#   make help       this text
 #
 # KDIR selects the kernel to build the module against; the default is the
-# Debian 6.12 headers installed by `make deps`.  On a real host running a
-# >= 6.12 kernel: make KDIR=/lib/modules/$(uname -r)/build
+# newest Debian 6.12 headers installed by `make deps` (or KVER=<release> for
+# /usr/src/linux-headers-<release>).  On a real host running a >= 6.12
+# kernel: make KDIR=/lib/modules/$(uname -r)/build
+#
+# Nothing is read from the installed system when this file is parsed: `make
+# test` installs the headers (deps) before the build looks for them, so the
+# default KDIR is found by the recipes that use it, when they run.
 
-KVER_DEFAULT := $(shell ls -d /usr/src/linux-headers-6.12.*-amd64 2>/dev/null | sort -V | tail -1 | sed 's|/usr/src/linux-headers-||')
-KVER ?= $(KVER_DEFAULT)
-KDIR ?= /usr/src/linux-headers-$(KVER)
-export KDIR KVER
+# (recursively expanded, used only in recipes, never exported)
+kdir_found = $(or $(KDIR),$(if $(KVER),/usr/src/linux-headers-$(KVER),$(shell \
+	ls -d /usr/src/linux-headers-6.12.*-amd64 2>/dev/null | sort -V | tail -n 1)))
+kdir = $(or $(kdir_found),$(error no /usr/src/linux-headers-6.12.*-amd64: \
+	run 'make deps' or set KDIR))
 
 V ?= 0
 ifeq ($(V),1)
@@ -25,7 +36,8 @@ MAKEFLAGS += --no-print-directory
 endif
 export Q V
 
-.PHONY: all deps kmod lib tools examples bpf test bench demo clean check unit
+.PHONY: all deps kmod lib tools examples bpf test test-debug bench demo clean \
+	check unit help
 
 all: kmod lib tools examples bpf
 
@@ -33,7 +45,7 @@ deps:
 	$(Q)./tools/deps.sh
 
 kmod:
-	$(Q)$(MAKE) -C $(KDIR) M=$(CURDIR)/kmod modules $(if $(filter 1,$(V)),V=1,)
+	$(Q)$(MAKE) -C $(kdir) M=$(CURDIR)/kmod modules $(if $(filter 1,$(V)),V=1,)
 
 lib:
 	$(Q)$(MAKE) -C libhybd
@@ -59,6 +71,12 @@ test: deps
 	$(Q)$(MAKE) unit
 	$(Q)./tools/vm-run tests $(PYTEST_ARGS)
 
+# The module is built against the debug kernel's tree in a copy of kmod/
+# (results/debug-kmod), so kmod/hybd.ko stays the regular one.
+test-debug: deps
+	$(Q)$(MAKE) lib tools examples bpf
+	$(Q)./tools/debug-kernel test $(PYTEST_ARGS)
+
 bench: deps
 	$(Q)$(MAKE) all
 	$(Q)./tools/vm-run bench
@@ -68,10 +86,14 @@ demo: deps
 	$(Q)./tools/vm-run demo
 
 check:
-	$(Q)./tools/checkpatch.sh
+	$(Q)KDIR=$(kdir_found) ./tools/checkpatch.sh
+
+help:
+	@sed -n '3,/^$$/s/^# \{0,1\}//p' $(firstword $(MAKEFILE_LIST))
 
 clean:
-	$(Q)$(MAKE) -C $(KDIR) M=$(CURDIR)/kmod clean 2>/dev/null || true
+	$(Q)rm -f kmod/*.o kmod/*.ko kmod/*.mod kmod/*.mod.c kmod/.*.cmd \
+		kmod/Module.symvers kmod/modules.order
 	$(Q)$(MAKE) -C libhybd clean
 	$(Q)$(MAKE) -C tools clean
 	$(Q)$(MAKE) -C examples/ramdisk clean

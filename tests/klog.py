@@ -15,13 +15,32 @@ import os
 import re
 import sys
 
-# (name, regex): a line matching any of these fails the test it appeared in.
+# (name, regex): a line matching any of these fails the test it appeared in,
+# and the run (the guest runner's final scan uses the same list).  The
+# generic ones (BUG, WARNING) already match most reports; the debug
+# kernel's (tools/debug-kernel: KASAN, lockdep, KFENCE, UBSAN, kmemleak) are
+# named too, so that a report's first line says what it is even when the
+# kernel words it without BUG/WARNING.
 PATTERNS = [
     ("BUG", r"\bBUG\b"),
     ("WARNING", r"\bWARNING\b"),
     ("Oops", r"\bOops\b"),
+    ("KASAN", r"BUG: KASAN|\bKASAN: "),
     ("KFENCE", r"\bKFENCE\b"),
     ("UBSAN", r"\bUBSAN\b"),
+    ("lockdep", r"possible circular locking dependency|"
+                r"inconsistent lock state|possible recursive locking|"
+                r"possible irq lock inversion|"
+                r"lock held when returning to user space|"
+                r"bad unlock balance|held lock freed|"
+                r"lock\(s\) held by .* at exit|"
+                r"INFO: lockdep is turned off|"
+                r"DEBUG_LOCKS_WARN_ON"),
+    ("RCU", r"suspicious RCU usage|RCU used illegally"),
+    ("atomic sleep", r"sleeping function called from invalid context|"
+                     r"scheduling while atomic"),
+    ("kmemleak", r"unreferenced object 0x|"
+                 r"kmemleak: \d+ new suspected memory leaks"),
     ("hung task", r"hung task|blocked for more than \d+ seconds"),
     ("soft lockup", r"soft lockup"),
     ("hard lockup", r"hard LOCKUP"),

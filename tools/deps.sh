@@ -19,6 +19,11 @@ if dpkg-query -W -f='${Version}' libbpf-dev 2>/dev/null | grep -q '^1:\?0\|^1\.[
 	missing="$missing libbpf-dev"
 fi
 
+# virtme-ng is installed with pipx into VNG_BIN (on root's default PATH);
+# look there too, whatever the caller's PATH, so that the `make test` that
+# installs it also finds it (tools/vm-run does the same).
+VNG_BIN=/usr/local/bin
+case :$PATH: in *:$VNG_BIN:*) ;; *) PATH=$PATH:$VNG_BIN; export PATH ;; esac
 have_vng() { command -v vng >/dev/null 2>&1; }
 
 if [ -z "$missing" ] && have_vng; then
@@ -51,11 +56,12 @@ if [ -n "$missing" ]; then
 fi
 
 if ! have_vng; then
-	echo "deps: installing virtme-ng from PyPI"
-	if command -v pipx >/dev/null 2>&1; then
-		PIPX_BIN_DIR=/usr/local/bin pipx install virtme-ng >/dev/null
-	else
-		pip install --quiet virtme-ng
-	fi
+	# pipx comes with DEB_PKGS; Debian's pip refuses system-wide installs
+	# (PEP 668), so there is no other way.  The venv goes to /opt/pipx, the
+	# command to $VNG_BIN, whoever runs this.
+	echo "deps: installing virtme-ng from PyPI (pipx)"
+	$SUDO env PIPX_HOME=/opt/pipx PIPX_BIN_DIR=$VNG_BIN pipx install virtme-ng >/dev/null ||
+		{ echo "deps: pipx install virtme-ng failed" >&2; exit 1; }
+	have_vng || { echo "deps: vng not found in $VNG_BIN after pipx install" >&2; exit 1; }
 fi
 echo "deps: done"

@@ -8,7 +8,8 @@
 #   2. sets hung_task_timeout_secs=10, mounts configfs/debugfs,
 #   3. loads the module,
 #   4. runs the mode's command: pytest for `tests`,
-#   5. final checks: rmmod hybd must succeed, no kernel splat in the log,
+#   5. final checks: rmmod hybd must succeed, a kmemleak scan (debug
+#      kernel), no kernel splat in the log,
 #   6. writes RUNDIR/status (and RUNDIR/summary: pytest's summary line).
 # Everything it prints is also kept in RUNDIR/guest.log.
 
@@ -97,6 +98,11 @@ final_checks() {
 		final_fail "hybd is not loaded at the end of the run (a test must leave it loaded)"
 	fi
 
+	if [ -w /sys/kernel/debug/kmemleak ]; then
+		sleep 5		# kmemleak reports objects older than 5 s
+		echo scan >/sys/kernel/debug/kmemleak
+		cat /sys/kernel/debug/kmemleak >"$RUNDIR/kmemleak.txt"
+	fi
 	sleep 1		# let the log stream catch up
 	dmesg >"$RUNDIR/dmesg.txt" 2>&1
 	# lines a test declared it causes (kmsg_allow) are not counted again
@@ -121,6 +127,13 @@ main() {
 	# debugfs: blk-mq's per-hctx counters; configfs, should the module use it
 	mountpoint -q /sys/kernel/debug || mount -t debugfs debugfs /sys/kernel/debug
 	modprobe -q configfs 2>/dev/null
+	# kmemleak (the debug kernel with kmemleak=on): what booting leaked is
+	# forgotten; scans only when final_checks asks, its reports go to the log
+	if [ -w /sys/kernel/debug/kmemleak ]; then
+		echo scan=off >/sys/kernel/debug/kmemleak
+		echo scan >/sys/kernel/debug/kmemleak
+		echo clear >/sys/kernel/debug/kmemleak
+	fi
 	if [ -d /sys/kernel/config ] && ! mountpoint -q /sys/kernel/config; then
 		mount -t configfs configfs /sys/kernel/config
 	fi
