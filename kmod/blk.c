@@ -322,8 +322,15 @@ static enum blk_eh_timer_return hybd_timeout(struct request *rq)
 	struct hybd_tag *t = &q->tags[rq->tag];
 	bool mine = false;
 
-	if (hybd_dev_server_gone(dev)) {
-		/* ends @rq too if it was in flight; else queue_rq fails it */
+	/*
+	 * A dead server, or a delete that a server does not help along (it
+	 * writes back what the block layer holds, wave after wave of
+	 * requests): fail everything, so that a delete takes one timeout at
+	 * most.  hybd_dev_kill() ends @rq too if it was in flight; if not,
+	 * queue_rq fails it.
+	 */
+	if (hybd_dev_server_gone(dev) ||
+	    READ_ONCE(dev->state) == HYBD_STATE_DELETING) {
 		hybd_dev_kill(dev);
 		return BLK_EH_DONE;
 	}
@@ -371,7 +378,7 @@ void hybd_queue_fail_all(struct hybd_queue *q)
 	unsigned int tag;
 
 	spin_lock(&q->lock);
-	q->dead = true;
+	WRITE_ONCE(q->dead, true);
 	if (q->hdr)
 		WRITE_ONCE(q->hdr->flags, q->hdr->flags | HYBD_RING_DEAD);
 	spin_unlock(&q->lock);

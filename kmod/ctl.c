@@ -97,7 +97,8 @@ static long hybd_ctl_add(struct hybd_ctl_add __user *arg)
 	}
 	if (put_user(dev->id, &arg->dev_id) ||
 	    copy_to_user(&arg->params, &dev->params, sizeof(dev->params))) {
-		hybd_dev_delete(dev, 0, false);
+		/* the device goes on being deleted if we are killed */
+		hybd_dev_delete(dev, 0, true);
 		hybd_dev_put(dev);
 		return -EFAULT;
 	}

@@ -349,14 +349,23 @@ static void hybd_dev_start_work(struct work_struct *work)
 	}
 	/*
 	 * A delete waits for this work before it looks at dev->disk; a
-	 * server that died while we scanned made the device DEAD already.
+	 * server that died while we scanned made the device DEAD already,
+	 * and a delete that started meanwhile makes this start fail.
 	 */
 	spin_lock(&dev->state_lock);
 	dev->disk = disk;
 	if (dev->state == HYBD_STATE_ADDED)
 		dev->state = HYBD_STATE_LIVE;
+	else if (dev->state == HYBD_STATE_DELETING)
+		ret = -ENODEV;
 	spin_unlock(&dev->state_lock);
 out:
+	if (ret && ret != -ENODEV) {
+		/* nothing was added: the server may try again */
+		spin_lock(&dev->state_lock);
+		dev->start_queued = false;
+		spin_unlock(&dev->state_lock);
+	}
 	dev->start_ret = ret;
 	complete_all(&dev->started);
 	hybd_dev_put(dev);
@@ -413,6 +422,23 @@ void hybd_dev_kill(struct hybd_dev *dev)
 }
 
 /**
+ * hybd_dev_is_server() - is the calling process the device's server?
+ * @dev: the device
+ *
+ * Return: true if the caller's thread group opened the server node (a
+ * child or another holder of the file is not the server).
+ */
+bool hybd_dev_is_server(struct hybd_dev *dev)
+{
+	bool ret;
+
+	spin_lock(&dev->state_lock);
+	ret = dev->server_open && dev->server_pid == task_tgid(current);
+	spin_unlock(&dev->state_lock);
+	return ret;
+}
+
+/**
  * hybd_dev_server_gone() - is the process serving the device exiting?
  * @dev: the device
  *
@@ -435,9 +461,16 @@ bool hybd_dev_server_gone(struct hybd_dev *dev)
 	if (!pid)
 		return false;
 
+	/*
+	 * Killed or exit_group(): SIGNAL_GROUP_EXIT.  Every thread gone by
+	 * exit() leaves a zombie leader with no live thread.  A leader that
+	 * called pthread_exit() while the workers run is alive, and so is a
+	 * server that execs (its file is close-on-exec, or it serves on).
+	 */
 	rcu_read_lock();
 	task = pid_task(pid, PIDTYPE_TGID);
-	gone = !task || (READ_ONCE(task->signal->flags) & SIGNAL_GROUP_EXIT);
+	gone = !task || (READ_ONCE(task->signal->flags) & SIGNAL_GROUP_EXIT) ||
+	       !atomic_read(&task->signal->live);
 	rcu_read_unlock();
 	put_pid(pid);
 	return gone;
@@ -507,6 +540,7 @@ int hybd_dev_delete(struct hybd_dev *dev, u32 flags, bool killable)
 		queue_work(hybd_wq, &dev->del_work);	/* takes the table's ref */
 
 	if (!killable) {
+		/* module exit: nothing to interrupt, and nobody to wait for */
 		wait_for_completion(&dev->deleted);
 		return 0;
 	}

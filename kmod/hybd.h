@@ -163,6 +163,7 @@ struct hybd_dev *hybd_dev_create(const struct hybd_params *p, u32 id);
 int hybd_dev_start(struct hybd_dev *dev);
 void hybd_dev_kill(struct hybd_dev *dev);
 bool hybd_dev_server_gone(struct hybd_dev *dev);
+bool hybd_dev_is_server(struct hybd_dev *dev);
 int hybd_dev_delete(struct hybd_dev *dev, u32 flags, bool killable);
 void hybd_dev_put(struct hybd_dev *dev);
 void hybd_dev_fill_info(struct hybd_dev *dev, struct hybd_dev_info *info);

@@ -138,8 +138,12 @@ static int __init hybd_init(void)
 {
 	int ret;
 
-	/* add_disk() and del_gendisk() do I/O: they may run under reclaim */
-	hybd_wq = alloc_workqueue("hybd", WQ_UNBOUND | WQ_MEM_RECLAIM, 0);
+	/*
+	 * add_disk() and del_gendisk() run here.  No WQ_MEM_RECLAIM: nothing
+	 * in reclaim waits for these works, and the delete work flushes the
+	 * start work, which a rescuer thread could not do for itself.
+	 */
+	hybd_wq = alloc_workqueue("hybd", WQ_UNBOUND, 0);
 	if (!hybd_wq)
 		return -ENOMEM;
 

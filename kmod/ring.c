@@ -298,7 +298,8 @@ static long hybd_srv_io(struct hybd_dev *dev, struct hybd_srv_io __user *arg)
 			 * workers are going away, and whoever else holds the
 			 * file will not serve the queues.
 			 */
-			if (fatal_signal_pending(current))
+			if (fatal_signal_pending(current) &&
+			    hybd_dev_is_server(dev))
 				hybd_dev_kill(dev);
 			return -EINTR;
 		}

@@ -15,17 +15,19 @@ interval, so that a task stuck in the kernel fails them.
 """
 
 import errno
+import fcntl
 import os
 import random
 import re
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from hybdlib import (T_STOP, device_ids, list_devices, direct_read, direct_write,
+from hybdlib import (T_STOP, add_device, device_ids, list_devices, direct_read, direct_write,
                      free_id, hybdctl, info, io_errno, need_tool, pattern,
                      reap, stack_of, state_of, wait_for)
 
@@ -33,6 +35,8 @@ MiB = 1 << 20
 HUNG_TASK_SECS = 5
 # what a bounded wait may take under TCG, with margin
 BOUND = 30
+# HYBD_SRV_START = _IO(0xb7, 0x41)
+SRV_START = 0xB741
 
 # the block layer logs the I/O errors these tests cause on purpose
 IO_ERRORS = (r"I/O error|Buffer I/O|lost (async )?page write|"
@@ -380,3 +384,68 @@ def test_del_of_a_device_with_a_mounted_file_system_returns(ramdisk, tmp_path):
         if res.returncode:
             subprocess.run(["umount", "-l", mnt], timeout=60)
     assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.kmsg_allow(IO_ERRORS)
+def test_del_of_a_stopped_server_is_one_timeout_not_one_per_wave(
+        ramdisk, short_hung_task):
+    """A delete writes back what the block layer holds: with a stopped
+    server every wave of queue-depth requests would wait a full timeout.
+    The first timeout of a deleting device fails everything instead."""
+    srv = ramdisk(size="16M", io_timeout=2, depth=4, max_io="4K")
+    fd = os.open(srv.dev, os.O_WRONLY)
+    try:
+        os.pwrite(fd, pattern("waves", MiB), 0)	# 256 requests of 4 KiB
+        stop_server(srv)
+        t0 = time.monotonic()
+        rc, _, err = hybdctl("del", srv.dev, timeout=BOUND * 4)
+        took = time.monotonic() - t0
+    finally:
+        os.close(fd)
+    assert rc == 0, err
+    assert took < BOUND, f"del took {took:.1f}s for 64 waves of 2 s timeouts"
+    assert srv.id not in device_ids()
+    resume_and_reap(srv)
+
+
+@pytest.mark.kmsg_allow(IO_ERRORS)
+def test_del_while_start_scans_partitions_with_nobody_serving(added_devices):
+    """HYBD_SRV_START waits for add_disk()'s partition scan, which nobody
+    serves here; a delete then waits for the start (and, under lockdep,
+    once reported recursive locking on the module's workqueue), and a
+    forced delete ends both."""
+    dev_id = add_device("--size", "16M", "--io-timeout", "0")
+    added_devices.append(dev_id)
+    fd = os.open(f"/dev/hybd{dev_id}-srv", os.O_RDWR)
+    result = {}
+
+    def start():
+        try:
+            fcntl.ioctl(fd, SRV_START)
+            result["start"] = 0
+        except OSError as e:
+            result["start"] = e.errno
+
+    starter = threading.Thread(target=start, daemon=True)
+    starter.start()
+    try:
+        time.sleep(2)
+        assert starter.is_alive(), f"START returned unserved: {result}"
+        waiting = subprocess.Popen([str(Path(__file__).parent.parent /
+                                        "tools" / "hybdctl"), "del",
+                                    str(dev_id)],
+                                   stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: state_or_gone(dev_id) == "deleting", 10,
+                 "state deleting")
+        time.sleep(1)
+        assert waiting.poll() is None
+        rc, _, err = hybdctl("del", "--force", str(dev_id), timeout=BOUND)
+        assert rc == 0, err
+        assert wait_exit(waiting, BOUND, "the first del") == 0
+        starter.join(BOUND)
+        assert not starter.is_alive(), "START still waiting after the delete"
+        assert result["start"] in (errno.ENODEV, errno.EIO), result
+        assert state_or_gone(dev_id) is None
+    finally:
+        os.close(fd)

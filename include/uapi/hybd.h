@@ -165,10 +165,12 @@ struct hybd_ctl_add {
 /*
  * HYBD_CTL_DEL: remove the block device, then the device.  While a server
  * serves it, data the block layer still holds (dirty pages, requests in
- * flight) reaches the server first; a server that does not complete them
- * holds the delete up to the I/O timeout.  The caller may be killed while it
- * waits (-EINTR): the delete goes on in the kernel, and another
- * HYBD_CTL_DEL (HYBD_DEL_F_FORCE to end it) waits for the same delete.
+ * flight) reaches the server first; the first of them that times out (the
+ * I/O timeout, or 30 s without one) fails everything outstanding, so a
+ * server that does not help holds the delete up to one timeout.  The
+ * caller may be killed while it waits (-EINTR): the delete goes on in the
+ * kernel, and another HYBD_CTL_DEL (HYBD_DEL_F_FORCE to end it) waits for
+ * the same delete.
  */
 #define HYBD_DEL_F_FORCE	(1U << 0)	/* fail outstanding I/O at once */
 #define HYBD_DEL_F_ALL		0x1U
