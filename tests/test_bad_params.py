@@ -15,7 +15,7 @@ import struct
 import pytest
 
 import hybd_uapi as u
-from hybdlib import REPO, free_id, hybdctl, list_devices, run
+from hybdlib import REPO, T_IO, free_id, hybdctl, list_devices, run
 
 MiB = 1 << 20
 EINVAL, ERANGE, EOPNOTSUPP = errno.EINVAL, errno.ERANGE, errno.EOPNOTSUPP
@@ -253,7 +253,9 @@ def test_python_layouts_match_the_uapi_header(tmp_path):
         pytest.skip("no C compiler to check the header with")
     src = tmp_path / "layout.c"
     src.write_text(u.C_CHECK)
-    run([cc, "-I", REPO / "include", "-o", tmp_path / "layout", src], check=True)
+    # gcc is slow in the debug kernel's guest (KASAN, lockdep): T_IO
+    run([cc, "-I", REPO / "include", "-o", tmp_path / "layout", src],
+        timeout=T_IO, check=True)
     out = run([tmp_path / "layout"], check=True).stdout
     for line in out.splitlines():
         name, val = line.rsplit(" ", 1)
