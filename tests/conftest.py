@@ -2,7 +2,8 @@
 """Fixtures for hybd's suite.  It runs as root inside the guest that
 tools/vm-run boots, with kmod/hybd.ko loaded.
 
-- every test fails if the kernel logged a splat while it ran (klog.py);
+- every test fails if the kernel logged a splat while it ran (klog.py),
+  or if records of the log were lost before the check read them;
   @pytest.mark.kmsg_allow(regex, ...) exempts lines a test expects;
 - ramdisk(**opts) / badserver(mode) start servers and always clean up;
 - hybdctl(*args) -> (rc, stdout, stderr), info(dev) -> dict.
@@ -87,6 +88,10 @@ def kernel_log(request):
     yield kmsg
     lines = kmsg.read_new()
     kmsg.close()
+    if kmsg.lost:
+        pytest.fail(f"{kmsg.lost} kernel log records were overwritten before "
+                    f"this test's check read them: the check is incomplete",
+                    pytrace=False)
     allow = []
     for mark in request.node.iter_markers("kmsg_allow"):
         allow += mark.args
