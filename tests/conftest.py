@@ -107,6 +107,23 @@ def kernel_log(request):
                     pytrace=False)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _kernel_release(record_testsuite_property):
+    """The guest kernel's release in junit.xml, for tools/suite-verdict
+    (which skips are expected depends on it)."""
+    record_testsuite_property("kernel", os.uname().release)
+
+
+def pytest_deselected(items):
+    """Deselected tests (-k, -m, --deselect) by node id, in the results
+    directory, for tools/suite-verdict: junit.xml does not list them."""
+    results = os.environ.get("HYBD_RESULTS")
+    if results:
+        with open(os.path.join(results, "deselected.txt"), "a",
+                  encoding="utf-8") as f:
+            f.writelines(item.nodeid + "\n" for item in items)
+
+
 @pytest.fixture
 def hybdctl():
     """hybdctl(*args) -> (rc, stdout, stderr)."""
