@@ -406,6 +406,46 @@ class Server:
             t.join(timeout=1)
 
 
+class RamdiskMemory:
+    """The bytes of a ramdisk as its server holds them, read from the
+    server's memory (/proc/PID/mem): data that neither the page cache nor
+    the device served, e.g. to check that a write really reached the
+    server.
+
+    Finding the disk's memory writes a marker block at offset 0 with
+    O_DIRECT (so do it before writing there): the disk is the anonymous
+    writable mapping that starts with the marker, within its first page.
+    """
+
+    def __init__(self, srv, size):
+        self.pid = srv.pid
+        marker = pattern(f"ramdisk-memory-{srv.pid}", 4096)
+        direct_write(srv.dev, 0, marker)
+        found = []
+        with open(f"/proc/{self.pid}/maps", encoding="utf-8") as maps, \
+                open(f"/proc/{self.pid}/mem", "rb", buffering=0) as mem:
+            for line in maps:
+                f = line.split()
+                lo, hi = (int(x, 16) for x in f[0].split("-"))
+                if not f[1].startswith("rw") or len(f) > 5 or hi - lo < size:
+                    continue
+                mem.seek(lo)
+                head = mem.read(2 * 4096)
+                at = head.find(marker)
+                if at >= 0:
+                    found.append(lo + at)
+        assert len(found) == 1, (
+            f"the ramdisk's memory: {len(found)} mappings start with the marker")
+        self.base = found[0]
+        self.size = size
+
+    def read(self, offset, length):
+        assert 0 <= offset and offset + length <= self.size
+        with open(f"/proc/{self.pid}/mem", "rb", buffering=0) as mem:
+            mem.seek(self.base + offset)
+            return mem.read(length)
+
+
 def ramdisk_args(opts):
     """Keyword options to ramdisk flags: size="64M" -> --size 64M,
     no_write_cache=True -> --no-write-cache, None/False -> omitted."""
