@@ -371,6 +371,14 @@ class Server:
                         f"(state {state}), kernel stack:\n{stack}", pytrace=False)
         for t in self._threads:
             t.join(timeout=5)
+        self._close_pipes()
+
+    def _close_pipes(self):
+        """Close our ends of its stdout and stderr once their readers are
+        done: a test that starts many servers must not pile up pipes."""
+        for t, stream in zip(self._threads, (self.proc.stdout, self.proc.stderr)):
+            if not t.is_alive():
+                stream.close()
 
     def wait(self, timeout=T_STOP):
         """Wait for the process to exit by itself; its exit status."""
@@ -404,6 +412,7 @@ class Server:
         reap(self.proc)
         for t in self._threads:
             t.join(timeout=1)
+        self._close_pipes()
 
 
 class RamdiskMemory:
