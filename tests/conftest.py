@@ -2,8 +2,11 @@
 """Fixtures for hybd's suite.  It runs as root inside the guest that
 tools/vm-run boots, with kmod/hybd.ko loaded.
 
-- every test fails if the kernel logged a splat while it ran (klog.py);
+- every test fails if the kernel logged a splat while it ran (klog.py),
+  or if records of the log were lost before the check read them;
   @pytest.mark.kmsg_allow(regex, ...) exempts lines a test expects;
+- every test fails if it left a device, a server, a BPF link or pin, or a
+  mount behind (leaks.py), which is then taken away;
 - ramdisk(**opts) / badserver(mode) start servers and always clean up;
 - hybdctl(*args) -> (rc, stdout, stderr), info(dev) -> dict.
 """
@@ -17,6 +20,7 @@ import pytest
 import hybd_uapi as uapi
 import hybdlib
 import klog
+import leaks
 from hybdlib import (BADSERVER, CONTROL, RAMDISK, Server, need_built,
                      ramdisk_args, reap)
 
@@ -87,6 +91,10 @@ def kernel_log(request):
     yield kmsg
     lines = kmsg.read_new()
     kmsg.close()
+    if kmsg.lost:
+        pytest.fail(f"{kmsg.lost} kernel log records were overwritten before "
+                    f"this test's check read them: the check is incomplete",
+                    pytrace=False)
     allow = []
     for mark in request.node.iter_markers("kmsg_allow"):
         allow += mark.args
@@ -100,6 +108,43 @@ def kernel_log(request):
     if bad:
         pytest.fail("kernel log during this test:\n  " + "\n  ".join(bad),
                     pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def leaks_checked(time_limit, kernel_log):
+    """Fails the test if it left a hybd device, a server process (or any
+    process holding a /dev/hybd* node), a BPF pin, struct_ops map or link,
+    or a mount of a hybd device behind, after its own fixtures' teardown;
+    then takes it away, so that one leak does not fail the next tests.
+    (It uses time_limit and kernel_log so that its teardown runs before
+    theirs: bounded, and inside the window of the kernel log check.)"""
+    before = leaks.snapshot()
+    yield
+    left = leaks.settled(before)
+    if not left:
+        return
+    stuck = leaks.cleanup(before, left)
+    msg = "the test left behind:\n  " + leaks.describe(left)
+    if stuck:
+        msg += "\nand the cleanup failed: " + "; ".join(stuck)
+    pytest.fail(msg, pytrace=False)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _kernel_release(record_testsuite_property):
+    """The guest kernel's release in junit.xml, for tools/suite-verdict
+    (which skips are expected depends on it)."""
+    record_testsuite_property("kernel", os.uname().release)
+
+
+def pytest_deselected(items):
+    """Deselected tests (-k, -m, --deselect) by node id, in the results
+    directory, for tools/suite-verdict: junit.xml does not list them."""
+    results = os.environ.get("HYBD_RESULTS")
+    if results:
+        with open(os.path.join(results, "deselected.txt"), "a",
+                  encoding="utf-8") as f:
+            f.writelines(item.nodeid + "\n" for item in items)
 
 
 @pytest.fixture

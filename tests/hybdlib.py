@@ -372,6 +372,14 @@ class Server:
                         f"(state {state}), kernel stack:\n{stack}", pytrace=False)
         for t in self._threads:
             t.join(timeout=5)
+        self._close_pipes()
+
+    def _close_pipes(self):
+        """Close our ends of its stdout and stderr once their readers are
+        done: a test that starts many servers must not pile up pipes."""
+        for t, stream in zip(self._threads, (self.proc.stdout, self.proc.stderr)):
+            if not t.is_alive():
+                stream.close()
 
     def wait(self, timeout=T_STOP):
         """Wait for the process to exit by itself; its exit status."""
@@ -405,6 +413,47 @@ class Server:
         reap(self.proc)
         for t in self._threads:
             t.join(timeout=1)
+        self._close_pipes()
+
+
+class RamdiskMemory:
+    """The bytes of a ramdisk as its server holds them, read from the
+    server's memory (/proc/PID/mem): data that neither the page cache nor
+    the device served, e.g. to check that a write really reached the
+    server.
+
+    Finding the disk's memory writes a marker block at offset 0 with
+    O_DIRECT (so do it before writing there): the disk is the anonymous
+    writable mapping that starts with the marker, within its first page.
+    """
+
+    def __init__(self, srv, size):
+        self.pid = srv.pid
+        marker = pattern(f"ramdisk-memory-{srv.pid}", 4096)
+        direct_write(srv.dev, 0, marker)
+        found = []
+        with open(f"/proc/{self.pid}/maps", encoding="utf-8") as maps, \
+                open(f"/proc/{self.pid}/mem", "rb", buffering=0) as mem:
+            for line in maps:
+                f = line.split()
+                lo, hi = (int(x, 16) for x in f[0].split("-"))
+                if not f[1].startswith("rw") or len(f) > 5 or hi - lo < size:
+                    continue
+                mem.seek(lo)
+                head = mem.read(2 * 4096)
+                at = head.find(marker)
+                if at >= 0:
+                    found.append(lo + at)
+        assert len(found) == 1, (
+            f"the ramdisk's memory: {len(found)} mappings start with the marker")
+        self.base = found[0]
+        self.size = size
+
+    def read(self, offset, length):
+        assert 0 <= offset and offset + length <= self.size
+        with open(f"/proc/{self.pid}/mem", "rb", buffering=0) as mem:
+            mem.seek(self.base + offset)
+            return mem.read(length)
 
 
 def ramdisk_args(opts):

@@ -4,12 +4,13 @@
 # run.sh RUNDIR - the guest half of tools/vm-run; runs as root in the guest.
 #
 # Reads RUNDIR/guest.conf (MODE, REPO, KMOD, ACCEL, ARGS), then:
-#   1. streams the kernel log to RUNDIR/kmsg.log (survives a guest crash),
+#   1. streams the kernel log to RUNDIR/kmsg.log (survives a guest crash;
+#      RUNDIR/kmsg.lost counts records lost to the ring buffer),
 #   2. sets hung_task_timeout_secs=10, mounts configfs/debugfs,
 #   3. loads the module,
 #   4. runs the mode's command: pytest for `tests`,
 #   5. final checks: rmmod hybd must succeed, a kmemleak scan (debug
-#      kernel), no kernel splat in the log,
+#      kernel), no record of the log lost and no kernel splat in it,
 #   6. writes RUNDIR/status (and RUNDIR/summary: pytest's summary line).
 # Everything it prints is also kept in RUNDIR/guest.log.
 
@@ -73,7 +74,7 @@ run_tests() {
 }
 
 final_checks() {
-	local left out i
+	local left out i lost
 
 	left=$(pgrep -a -f 'examples/ramdisk/ramdisk|tests/helpers/badserver' || true)
 	[ -z "$left" ] || say "warning: servers still running after the run:"$'\n'"$left"
@@ -103,13 +104,48 @@ final_checks() {
 		echo scan >/sys/kernel/debug/kmemleak
 		cat /sys/kernel/debug/kmemleak >"$RUNDIR/kmemleak.txt"
 	fi
-	sleep 1		# let the log stream catch up
-	dmesg >"$RUNDIR/dmesg.txt" 2>&1
-	# lines a test declared it causes (kmsg_allow) are not counted again
-	if ! out=$("$PY" "$REPO/tests/klog.py" "$RUNDIR/dmesg.txt" "$RUNDIR/kmsg-allowed.txt"); then
+	end_log
+	dmesg >"$RUNDIR/dmesg.txt" 2>&1	# the buffer's tail, for reading only
+	lost=$(sed -n 's/.*\blost=\([0-9]*\).*/\1/p' "$RUNDIR/kmsg.lost" 2>/dev/null)
+	if [ -z "$lost" ]; then
+		final_fail "the kernel log stream left no count of lost records ($RUNDIR/kmsg.lost)"
+	elif [ "$lost" -ne 0 ]; then
+		final_fail "the kernel log stream lost $lost records (overwritten before they were read): the scan below is incomplete"
+	fi
+	# the whole boot's log as streamed, not the buffer (it keeps only the
+	# last log_buf_len bytes); lines a test declared it causes (kmsg_allow)
+	# are not counted again
+	if ! out=$("$PY" "$REPO/tests/klog.py" "$RUNDIR/kmsg.log" "$RUNDIR/kmsg-allowed.txt"); then
 		final_fail "kernel log of this boot has bad lines:"
 		printf '%s\n' "$out" | head -n 60
 	fi
+}
+
+# The kernel log, from the boot's first record, streamed to RUNDIR/kmsg.log
+# (it survives a guest crash) by tests/klog.py's follower, which counts the
+# records the kernel overwrote before it read them into RUNDIR/kmsg.lost.
+start_log() {
+	KMSG_END="hybd-runner: end of the kernel log $$.$RANDOM$RANDOM"
+	"$PY" "$REPO/tests/klog.py" follow "$RUNDIR/kmsg.log" "$RUNDIR/kmsg.lost" \
+		"$KMSG_END" &
+	KMSG_PID=$!
+}
+
+# Log the end marker and wait for the follower to copy everything up to it
+# and exit.
+end_log() {
+	local i
+
+	echo "$KMSG_END" >/dev/kmsg
+	for i in $(seq 300); do
+		kill -0 "$KMSG_PID" 2>/dev/null || break
+		sleep 0.1
+	done
+	if kill -0 "$KMSG_PID" 2>/dev/null; then
+		final_fail "the kernel log stream did not reach the end marker within 30s"
+		kill "$KMSG_PID" 2>/dev/null
+	fi
+	wait "$KMSG_PID" 2>/dev/null
 }
 
 main() {
@@ -119,8 +155,7 @@ main() {
 	: >"$RUNDIR/started"	# from here on nothing is retried
 	say "$(uname -r), $(nproc) vCPUs, $(awk '/MemTotal/ { print int($2 / 1024) }' /proc/meminfo) MiB, $ACCEL, up $(cut -d' ' -f1 /proc/uptime)s"
 
-	dmesg --follow >"$RUNDIR/kmsg.log" 2>&1 &
-	KMSG_PID=$!
+	start_log
 
 	sysctl -q -w kernel.hung_task_timeout_secs=10 kernel.hung_task_warnings=-1 ||
 		say "warning: cannot set hung task sysctls"
