@@ -17,7 +17,7 @@ import pytest
 from hybdbpf import (BLOCK, BPFCTL, PROGS, bpfctl, delta, detach_ok,
                      dev_info, fastpath, need_bpf, prog, read_blocks,
                      read_errno, settle, stats, suite_prog, write_errno)
-from hybdlib import T_CMD, direct_write, need_built, need_tool, pattern, run
+from hybdlib import T_CMD, T_IO, direct_write, need_built, need_tool, pattern, run
 
 assert fastpath and bpfctl      # fixtures, used by name
 
@@ -200,7 +200,7 @@ def test_bpf_programs_use_only_fetching_atomics():
     bad = {}
     for obj in objs:
         res = subprocess.run([objdump, "-d", "--no-show-raw-insn", str(obj)],
-                             capture_output=True, text=True, timeout=T_CMD)
+                             capture_output=True, text=True, timeout=T_IO)
         assert res.returncode == 0, res.stderr
         lines = [l.strip() for l in res.stdout.splitlines()
                  if NON_FETCHING_RE.search(l)]
