@@ -177,15 +177,17 @@ static bool hybd_publish(struct hybd_queue *q)
 }
 
 /*
- * Wake the worker if it sleeps.  Pairs with the barrier between setting
- * need_wakeup and re-checking for work in hybd_queue_wait().
+ * Wake the worker if it sleeps, or signal it if it is armed.  Pairs with
+ * the barrier between setting need_wakeup (efd_armed) and re-checking for
+ * work in hybd_queue_wait() (hybd_srv_io()).
  */
 static void hybd_kick_worker(struct hybd_queue *q)
 {
-	/* order the publish before reading need_wakeup */
+	/* order the publish before reading need_wakeup and efd_armed */
 	smp_mb();
 	if (READ_ONCE(q->need_wakeup))
 		wake_up(&q->wq);
+	hybd_queue_signal_armed(q);
 }
 
 /*
@@ -395,5 +397,5 @@ void hybd_queue_fail_all(struct hybd_queue *q)
 		if (rq)
 			blk_mq_end_request(rq, BLK_STS_IOERR);
 	}
-	wake_up_all(&q->wq);
+	hybd_queue_wake(q);
 }

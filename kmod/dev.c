@@ -107,6 +107,10 @@ int hybd_params_check(struct hybd_params *p, u32 *err_param)
 		return PERR(HYBD_PERR_DEPTH, -ERANGE);
 	if ((u64)b->queue_depth * b->max_io_bytes > HYBD_MAX_QUEUE_BUF)
 		return PERR(HYBD_PERR_QUEUE_BUF, -ERANGE);
+	/* as asked, before blk-mq caps the queues at the number of CPUs */
+	if ((u64)b->nr_hw_queues * b->queue_depth * b->max_io_bytes >
+	    HYBD_MAX_DEV_BUF)
+		return PERR(HYBD_PERR_DEV_BUF, -ERANGE);
 
 	if (b->ops & ~HYBD_OPF_ALL)
 		return PERR(HYBD_PERR_OPS, -EOPNOTSUPP);
@@ -612,6 +616,8 @@ void hybd_dev_fill_info(struct hybd_dev *dev, struct hybd_dev_info *info)
 	}
 	spin_unlock(&dev->state_lock);
 	info->params = dev->params;
+	info->mem_bytes = (u64)dev->params.basic.nr_hw_queues *
+			  dev->queues[0].area_size;
 	info->len = sizeof(*info);
 	hybd_bpf_fill_info(dev, info);
 	hybd_dev_sum_stats(dev, &info->stats);

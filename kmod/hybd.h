@@ -97,6 +97,14 @@ struct hybd_queue {
 	wait_queue_head_t	wq;
 	bool			need_wakeup;
 	bool			kicked;
+	/*
+	 * A worker that waits elsewhere (HYBD_SRV_IO_ARM): its eventfd,
+	 * replaced under @lock, read under RCU; signalled once per arming
+	 * for submissions, and on every kick and death.
+	 */
+	struct eventfd_ctx __rcu *efd;
+	struct eventfd_ctx	*efd_old;	/* being dropped, see ring.c */
+	bool			efd_armed;
 };
 
 struct hybd_dev {
@@ -199,6 +207,9 @@ extern const struct file_operations hybd_srv_fops;
 int hybd_queue_alloc(struct hybd_dev *dev, struct hybd_queue *q,
 		     unsigned int id);
 void hybd_queue_free(struct hybd_queue *q);
+void hybd_queue_wake(struct hybd_queue *q);
+void hybd_queue_signal_armed(struct hybd_queue *q);
+void hybd_queue_drop_eventfd(struct hybd_queue *q);
 size_t hybd_queue_area_size(const struct hybd_params *p, u32 ring_entries,
 			    u32 *sq_off, u32 *cq_off, u32 *desc_off,
 			    u32 *data_off);

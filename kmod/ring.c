@@ -9,6 +9,7 @@
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
 #include <linux/blkdev.h>
+#include <linux/eventfd.h>
 #include <linux/fs.h>
 #include <linux/mm.h>
 #include <linux/module.h>
@@ -109,6 +110,69 @@ void hybd_queue_free(struct hybd_queue *q)
 	q->tags = NULL;
 	free_percpu(q->stats);
 	q->stats = NULL;
+}
+
+/* Signal the eventfd of a worker that waits outside HYBD_SRV_IO, if any. */
+static void hybd_queue_signal(struct hybd_queue *q)
+{
+	struct eventfd_ctx *efd;
+
+	rcu_read_lock();
+	efd = rcu_dereference(q->efd);
+	if (efd)
+		eventfd_signal(efd);
+	rcu_read_unlock();
+}
+
+/* The queue was kicked or died: wake its worker, wherever it waits. */
+void hybd_queue_wake(struct hybd_queue *q)
+{
+	wake_up_all(&q->wq);
+	hybd_queue_signal(q);
+}
+
+/*
+ * Submissions were published (and a full barrier orders that before this
+ * call): signal an armed worker, once per HYBD_SRV_IO_ARM.
+ */
+void hybd_queue_signal_armed(struct hybd_queue *q)
+{
+	if (READ_ONCE(q->efd_armed) && xchg(&q->efd_armed, false))
+		hybd_queue_signal(q);
+}
+
+/* Replace @q's eventfd; the old one is returned, for after a grace period. */
+static struct eventfd_ctx *hybd_queue_swap_eventfd(struct hybd_queue *q,
+						   struct eventfd_ctx *efd)
+{
+	struct eventfd_ctx *old;
+
+	spin_lock(&q->lock);
+	old = rcu_replace_pointer(q->efd, efd, lockdep_is_held(&q->lock));
+	WRITE_ONCE(q->efd_armed, false);
+	spin_unlock(&q->lock);
+	return old;
+}
+
+/* The server is gone: drop the eventfds of all queues of @dev. */
+static void hybd_dev_drop_eventfds(struct hybd_dev *dev)
+{
+	unsigned int i, nr = dev->params.basic.nr_hw_queues;
+	bool any = false;
+
+	for (i = 0; i < nr; i++) {
+		dev->queues[i].efd_old =
+			hybd_queue_swap_eventfd(&dev->queues[i], NULL);
+		any |= dev->queues[i].efd_old != NULL;
+	}
+	if (!any)
+		return;
+	synchronize_rcu();	/* no hybd_queue_signal() still uses them */
+	for (i = 0; i < nr; i++) {
+		if (dev->queues[i].efd_old)
+			eventfd_ctx_put(dev->queues[i].efd_old);
+		dev->queues[i].efd_old = NULL;
+	}
 }
 
 /*
@@ -275,6 +339,7 @@ static long hybd_srv_io(struct hybd_dev *dev, struct hybd_srv_io __user *arg)
 {
 	struct hybd_srv_io io;
 	struct hybd_queue *q;
+	u32 consume;
 	int done, ret;
 
 	if (copy_from_user(&io, arg, sizeof(io)))
@@ -288,6 +353,11 @@ static long hybd_srv_io(struct hybd_dev *dev, struct hybd_srv_io __user *arg)
 	if (io.queue >= dev->params.basic.nr_hw_queues)
 		return -EINVAL;
 	q = &dev->queues[io.queue];
+	consume = io.flags & (HYBD_SRV_IO_WAIT | HYBD_SRV_IO_ARM);
+	if (consume == (HYBD_SRV_IO_WAIT | HYBD_SRV_IO_ARM))
+		return -EINVAL;
+	if ((io.flags & HYBD_SRV_IO_ARM) && !rcu_access_pointer(q->efd))
+		return -EINVAL;
 
 	done = hybd_queue_commit(q);
 	if (io.flags & HYBD_SRV_IO_WAIT) {
@@ -303,17 +373,21 @@ static long hybd_srv_io(struct hybd_dev *dev, struct hybd_srv_io __user *arg)
 				hybd_dev_kill(dev);
 			return -EINTR;
 		}
+	} else if (io.flags & HYBD_SRV_IO_ARM) {
+		WRITE_ONCE(q->efd_armed, true);
+		/* pairs with hybd_kick_worker(): publish, barrier, read armed */
+		smp_mb();
 	}
 	if (READ_ONCE(q->dead))
 		return -ENODEV;
 
 	/*
-	 * Only the worker (WAIT) consumes: a commit from another thread must
+	 * Only the worker (WAIT or ARM) consumes: a commit from another thread must
 	 * not make the worker's next wait miss submissions it never saw.
 	 * Acquire: the descriptors before it (hybd_publish()).
 	 */
 	io.sq_tail = smp_load_acquire(&q->sq_published);
-	if (io.flags & HYBD_SRV_IO_WAIT) {
+	if (consume) {
 		WRITE_ONCE(q->kicked, false);
 		WRITE_ONCE(q->sq_returned, io.sq_tail);
 	}
@@ -357,8 +431,69 @@ static long hybd_srv_kick(struct hybd_dev *dev, unsigned long queue)
 	WRITE_ONCE(q->kicked, true);
 	/* kicked before the waiter's condition check in wake_up_all() */
 	smp_mb();
-	wake_up_all(&q->wq);
+	hybd_queue_wake(q);
 	return 0;
+}
+
+static long hybd_srv_set_eventfd(struct hybd_dev *dev, void __user *arg)
+{
+	struct eventfd_ctx *efd = NULL, *old;
+	struct hybd_srv_eventfd e;
+
+	if (copy_from_user(&e, arg, sizeof(e)))
+		return -EFAULT;
+	if (e.len < sizeof(e) || e.reserved0)
+		return -EINVAL;
+	if (e.queue >= dev->params.basic.nr_hw_queues)
+		return -EINVAL;
+	if (e.fd != -1) {
+		efd = eventfd_ctx_fdget(e.fd);
+		if (IS_ERR(efd))
+			return PTR_ERR(efd);
+	}
+	old = hybd_queue_swap_eventfd(&dev->queues[e.queue], efd);
+	if (old) {
+		synchronize_rcu();
+		eventfd_ctx_put(old);
+	}
+	return 0;
+}
+
+static long hybd_srv_queue_cpus(struct hybd_dev *dev, void __user *arg)
+{
+	const struct blk_mq_queue_map *map =
+		&dev->tag_set.map[HCTX_TYPE_DEFAULT];
+	u32 bytes = DIV_ROUND_UP(nr_cpu_ids, BITS_PER_BYTE);
+	struct hybd_srv_queue_cpus qc;
+	unsigned int cpu;
+	long ret = 0;
+	u8 *mask;
+
+	if (copy_from_user(&qc, arg, sizeof(qc)))
+		return -EFAULT;
+	if (qc.len < sizeof(qc))
+		return -EINVAL;
+	if (qc.queue >= dev->params.basic.nr_hw_queues)
+		return -EINVAL;
+	if (put_user(nr_cpu_ids, &((struct hybd_srv_queue_cpus __user *)
+				   arg)->nr_cpus))
+		return -EFAULT;
+	if (qc.mask_bytes < bytes)
+		return -ENOSPC;
+
+	mask = kzalloc(bytes, GFP_KERNEL);
+	if (!mask)
+		return -ENOMEM;
+	for_each_possible_cpu(cpu) {
+		if (READ_ONCE(map->mq_map[cpu]) == qc.queue)
+			mask[cpu / BITS_PER_BYTE] |= BIT(cpu % BITS_PER_BYTE);
+	}
+	if (copy_to_user(u64_to_user_ptr(qc.mask), mask, bytes) ||
+	    clear_user(u64_to_user_ptr(qc.mask) + bytes,
+		       qc.mask_bytes - bytes))
+		ret = -EFAULT;
+	kfree(mask);
+	return ret;
 }
 
 static long hybd_srv_ioctl(struct file *file, unsigned int cmd,
@@ -375,6 +510,10 @@ static long hybd_srv_ioctl(struct file *file, unsigned int cmd,
 		return hybd_dev_start(dev);
 	case HYBD_SRV_KICK:
 		return hybd_srv_kick(dev, arg);
+	case HYBD_SRV_SET_EVENTFD:
+		return hybd_srv_set_eventfd(dev, (void __user *)arg);
+	case HYBD_SRV_QUEUE_CPUS:
+		return hybd_srv_queue_cpus(dev, (void __user *)arg);
 	default:
 		return -ENOTTY;
 	}
@@ -451,6 +590,7 @@ static int hybd_srv_release(struct inode *inode, struct file *file)
 	struct hybd_dev *dev = file->private_data;
 
 	hybd_dev_kill(dev);
+	hybd_dev_drop_eventfds(dev);
 	spin_lock(&dev->state_lock);
 	dev->server_open = false;
 	spin_unlock(&dev->state_lock);

@@ -18,13 +18,16 @@ MAX_QUEUES = 64
 MAX_QUEUE_DEPTH = 1024
 MAX_IO_BYTES = 1 << 20
 MAX_QUEUE_BUF = 256 << 20
+MAX_DEV_BUF = 1 << 30
 MAX_POLL_NS = 1000000
 MAX_IO_TIMEOUT = 3600
 DEV_ID_ANY = 0xFFFFFFFF
 
 F_RINGS, F_POLL, F_SEQ_CHECK, F_BPF = 1, 2, 4, 8
 F_IO_TIMEOUT, F_DEL_FORCE = 16, 32
-F_KNOWN = F_RINGS | F_POLL | F_SEQ_CHECK | F_BPF | F_IO_TIMEOUT | F_DEL_FORCE
+F_EVENTFD, F_QUEUE_CPUS, F_MEM_INFO = 64, 128, 256
+F_KNOWN = (F_RINGS | F_POLL | F_SEQ_CHECK | F_BPF | F_IO_TIMEOUT |
+           F_DEL_FORCE | F_EVENTFD | F_QUEUE_CPUS | F_MEM_INFO)
 DEL_F_FORCE = 1
 
 OPF_READ, OPF_WRITE, OPF_FLUSH, OPF_FUA = 1, 2, 4, 8
@@ -37,7 +40,7 @@ PARAM_BASIC, PARAM_DISCARD = 1, 2
 (PERR_NONE, PERR_LEN, PERR_TYPES, PERR_RESERVED, PERR_DEV_ID, PERR_SIZE,
  PERR_LOGICAL_BS, PERR_PHYSICAL_BS, PERR_MAX_IO, PERR_QUEUES, PERR_DEPTH,
  PERR_QUEUE_BUF, PERR_OPS, PERR_FLAGS, PERR_POLL, PERR_DISCARD,
- PERR_IO_TIMEOUT) = range(17)
+ PERR_IO_TIMEOUT, PERR_DEV_BUF) = range(18)
 
 # struct layouts (little-endian x86-64, natural alignment)
 BASIC_FMT = "QIIIHHIIII4Q"          # struct hybd_param_basic, 72 bytes
@@ -47,7 +50,7 @@ ADD_HDR_FMT = "<IIII2Q"             # struct hybd_ctl_add up to params, 32
 CTL_DEV_FMT = "<IIII"               # struct hybd_ctl_dev, 16
 FEATURES_FMT = "<IIQ2Q"             # struct hybd_ctl_features, 32
 LIST_FMT = "<IIQ"                   # struct hybd_ctl_list, 16
-INFO_HDR_FMT = "<IIIiIIII16s4Q"     # struct hybd_dev_info up to params, 80
+INFO_HDR_FMT = "<IIIiIIII16sQ3Q"    # struct hybd_dev_info up to params, 80
 NR_STATS = 32                       # struct hybd_dev_stats: 32 __u64
 LAT_BUCKETS = 32
 STATS_HDR_FMT = "<IIIIQ2Q"          # struct hybd_ctl_stats up to total, 40

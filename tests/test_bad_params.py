@@ -144,6 +144,10 @@ RAW_ADD_CASES = [
     ("depth-1025", dict(b=B(depth=1025)), ERANGE, u.PERR_DEPTH),
     ("depth-x-max-io-over-256M", dict(b=B(depth=512, max_io=MiB)), ERANGE,
      u.PERR_QUEUE_BUF),
+    # 8 queues of 129 x 1 MiB: each within the queue limit, 8 MiB over the
+    # device's (checked as asked, before blk-mq caps the queues)
+    ("queues-x-depth-x-max-io-over-1G", dict(b=B(queues=8, depth=129, max_io=MiB)),
+     ERANGE, u.PERR_DEV_BUF),
     ("ops-unknown-bit", dict(b=B(ops=RW | 1 << 6)), EOPNOTSUPP, u.PERR_OPS),
     ("ops-without-read", dict(b=B(ops=u.OPF_WRITE)), EINVAL, u.PERR_OPS),
     ("flush-without-write-cache", dict(b=B(ops=RW | u.OPF_FLUSH)), EINVAL, u.PERR_OPS),

@@ -41,6 +41,8 @@
 #define HYBD_MAX_QUEUE_DEPTH	1024
 #define HYBD_MAX_IO_BYTES	(1U << 20)	/* per request, per tag buffer */
 #define HYBD_MAX_QUEUE_BUF	(256U << 20)	/* depth * max_io per queue */
+/* nr_hw_queues * depth * max_io: the data buffers a device pins */
+#define HYBD_MAX_DEV_BUF	(1ULL << 30)
 #define HYBD_MAX_POLL_NS	1000000U	/* 1 ms */
 #define HYBD_MAX_DEV_SIZE	(1ULL << 50)	/* 1 PiB */
 #define HYBD_MAX_IO_TIMEOUT	3600U		/* seconds */
@@ -70,6 +72,16 @@
  * in the kernel), and HYBD_DEL_F_FORCE fails outstanding I/O at once.
  */
 #define HYBD_F_DEL_FORCE	(1ULL << 5)
+/*
+ * HYBD_SRV_SET_EVENTFD and HYBD_SRV_IO_ARM: a worker can wait for its
+ * queue's submissions with poll()/epoll/io_uring on an eventfd, beside its
+ * backend's own file descriptors.
+ */
+#define HYBD_F_EVENTFD		(1ULL << 6)
+/* HYBD_SRV_QUEUE_CPUS: which CPUs submit to a hardware queue */
+#define HYBD_F_QUEUE_CPUS	(1ULL << 7)
+/* hybd_dev_info.mem_bytes, and the HYBD_MAX_DEV_BUF limit */
+#define HYBD_F_MEM_INFO		(1ULL << 8)
 
 /*
  * Supported operations (hybd_param_basic.ops).  READ is mandatory; a
@@ -149,6 +161,7 @@ enum hybd_param_err {
 	HYBD_PERR_POLL,
 	HYBD_PERR_DISCARD,
 	HYBD_PERR_IO_TIMEOUT,
+	HYBD_PERR_DEV_BUF,	/* nr_hw_queues * depth * max_io too large */
 	HYBD_PERR_MAX,
 };
 
@@ -233,7 +246,11 @@ struct hybd_dev_info {
 	__u32	bpf_link_id;	/* out: link of the attached fast path, 0 if none */
 	__u32	bpf_attaches;	/* out: attach + replace count since creation */
 	char	bpf_name[16];	/* out: the attached ops' name */
-	__u64	reserved[4];
+	/* out: kernel memory the device's queues pin (rings, descriptors and
+	 * data buffers, shared with the server), in bytes
+	 */
+	__u64	mem_bytes;
+	__u64	reserved[3];
 	struct hybd_params	params;	/* out */
 	struct hybd_dev_stats	stats;	/* out */
 };
@@ -410,7 +427,9 @@ struct hybd_srv_info {
 
 /* HYBD_SRV_IO flags */
 #define HYBD_SRV_IO_WAIT	(1U << 0)	/* block until submissions arrive */
-#define HYBD_SRV_IO_ALL		0x1U
+/* don't block: signal the queue's eventfd when submissions arrive */
+#define HYBD_SRV_IO_ARM		(1U << 1)
+#define HYBD_SRV_IO_ALL		0x3U
 
 /*
  * HYBD_SRV_IO: commit the completions posted in queue q's cq, then (with
@@ -422,6 +441,15 @@ struct hybd_srv_info {
  * newer ones); a plain commit, e.g. from a thread completing asynchronously,
  * does not.  -ENODEV once the device is dead or
  * deleted, -EINTR on a signal.
+ *
+ * HYBD_SRV_IO_ARM (HYBD_F_EVENTFD) is the non-blocking form of WAIT, for a
+ * worker that waits in poll()/epoll/io_uring instead: it marks the
+ * submissions up to the returned sq_tail as seen, and arms the queue's
+ * eventfd (HYBD_SRV_SET_EVENTFD; -EINVAL without one), which the kernel
+ * signals once when newer submissions are published, and whenever the
+ * queue is kicked or dies.  The protocol: ARM; if sq_tail moved, consume
+ * up to it and ARM again; else wait for the eventfd (and read it).  WAIT
+ * and ARM together are -EINVAL.
  */
 struct hybd_srv_io {
 	__u32	len;
@@ -437,6 +465,36 @@ struct hybd_srv_io {
 #define HYBD_SRV_IO		_IOWR(HYBD_IOC_MAGIC, 0x42, struct hybd_srv_io)
 /* wake every worker sleeping on queue number arg (they return 0) */
 #define HYBD_SRV_KICK		_IO(HYBD_IOC_MAGIC, 0x43)
+
+/*
+ * HYBD_SRV_SET_EVENTFD: the eventfd (eventfd(2)) the kernel signals for
+ * queue @queue (see HYBD_SRV_IO_ARM); -1 removes it.  The kernel holds its
+ * own reference until it is replaced or the server node is closed.
+ */
+struct hybd_srv_eventfd {
+	__u32	len;
+	__u32	queue;
+	__s32	fd;
+	__u32	reserved0;
+};
+#define HYBD_SRV_SET_EVENTFD	_IOW(HYBD_IOC_MAGIC, 0x44, struct hybd_srv_eventfd)
+
+/*
+ * HYBD_SRV_QUEUE_CPUS: the CPUs whose submissions go to hardware queue
+ * @queue (blk-mq's mapping), as a bitmap of mask_bytes bytes at @mask:
+ * CPU n is bit n % 8 of byte n / 8.  nr_cpus is set to the number of CPU
+ * ids the kernel may use; -ENOSPC (nr_cpus set) if the bitmap is too small
+ * for them.  A server pins the queue's worker there: a completion then
+ * wakes the submitter on a CPU that shares its caches.
+ */
+struct hybd_srv_queue_cpus {
+	__u32	len;
+	__u32	queue;		/* in */
+	__u32	nr_cpus;	/* out */
+	__u32	mask_bytes;	/* in: size of the buffer at mask */
+	__u64	mask;		/* in: user pointer to the bitmap */
+};
+#define HYBD_SRV_QUEUE_CPUS	_IOWR(HYBD_IOC_MAGIC, 0x45, struct hybd_srv_queue_cpus)
 
 /*
  * ---------------------------------------------------------------------
