@@ -10,31 +10,83 @@
 
 #include "hybd_internal.h"
 
+/* The default number of queues on a machine with @cpus CPUs online. */
+unsigned int hybd__default_queues(long cpus)
+{
+	if (cpus < 1)
+		return 1;
+	return cpus > HYBD_DEFAULT_QUEUES_MAX ? HYBD_DEFAULT_QUEUES_MAX : cpus;
+}
+
 void hybd_config_init(struct hybd_config *cfg)
 {
-	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-
 	memset(cfg, 0, sizeof(*cfg));
 	cfg->logical_block_size = 4096;
 	cfg->physical_block_size = 4096;
-	cfg->max_io_bytes = HYBD_MAX_IO_BYTES;
-	cfg->nr_queues = cpus < 1 ? 1 :
-			 cpus > HYBD_MAX_QUEUES ? HYBD_MAX_QUEUES : cpus;
-	cfg->queue_depth = 64;
-	cfg->ops = HYBD_OPF_ALL;
-	cfg->flags = HYBD_DEV_F_WRITE_CACHE;
+	cfg->max_io_bytes = HYBD_DEFAULT_MAX_IO;
+	cfg->nr_queues = hybd__default_queues(sysconf(_SC_NPROCESSORS_ONLN));
+	cfg->queue_depth = HYBD_DEFAULT_DEPTH;
+	cfg->ops = 0;				/* what the handlers support */
+	cfg->flags = HYBD_DEV_F_WRITE_CACHE;	/* if there is a .flush */
 	cfg->io_timeout = 30;
 	cfg->dev_id = -1;
+}
+
+/* The operations @drv has handlers for (HYBD_OPF_*). */
+uint32_t hybd__driver_ops(const struct hybd_driver *drv)
+{
+	uint32_t ops = 0;
+
+	if (drv->read)
+		ops |= HYBD_OPF_READ;
+	if (drv->write)
+		ops |= HYBD_OPF_WRITE;
+	if (drv->write && drv->flush)
+		ops |= HYBD_OPF_FLUSH | HYBD_OPF_FUA;
+	if (drv->discard)
+		ops |= HYBD_OPF_DISCARD;
+	if (drv->write_zeroes)
+		ops |= HYBD_OPF_WRITE_ZEROES;
+	return ops;
+}
+
+/*
+ * ops 0 in @cfg: offer what @have (a driver's handlers) supports, flush
+ * and FUA only with HYBD_DEV_F_WRITE_CACHE, which stays only with flush.
+ * Explicit ops are left alone.  Writes only make sense with a write
+ * handler: a read-only device offers nothing else.
+ */
+int hybd__resolve_ops(struct hybd_config *cfg, uint32_t have)
+{
+	if (cfg->ops)
+		return 0;
+	cfg->ops = have;
+	if (!(cfg->ops & HYBD_OPF_WRITE))
+		cfg->ops &= HYBD_OPF_READ;
+	if (!(cfg->flags & HYBD_DEV_F_WRITE_CACHE))
+		cfg->ops &= ~(HYBD_OPF_FLUSH | HYBD_OPF_FUA);
+	if (!(cfg->ops & HYBD_OPF_FLUSH))
+		cfg->flags &= ~HYBD_DEV_F_WRITE_CACHE;
+	if (!(cfg->ops & HYBD_OPF_READ))
+		return hybd__err(-EINVAL, "the driver has no read handler");
+	return 0;
 }
 
 /*
  * Translate @cfg into the kernel's parameter block.  Only what the block
  * cannot express is refused here; every limit is the kernel's to check.
  */
-int hybd__config_to_params(const struct hybd_config *cfg,
+int hybd__config_to_params(const struct hybd_config *cfg_in,
 			   struct hybd_params *p)
 {
+	struct hybd_config c = *cfg_in, *cfg = &c;
 	unsigned int i;
+	int ret;
+
+	/* no driver here: ops 0 offers every operation */
+	ret = hybd__resolve_ops(cfg, HYBD_OPF_ALL);
+	if (ret)
+		return ret;
 
 	for (i = 0; i < sizeof(cfg->reserved) / sizeof(cfg->reserved[0]); i++) {
 		if (cfg->reserved[i])

@@ -10,8 +10,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -173,19 +178,70 @@ static void dev_free(struct hybd_dev *dev)
 	free(dev);
 }
 
-int hybd_dev_create(const struct hybd_config *cfg,
-		    const struct hybd_driver *drv, void *priv,
-		    struct hybd_dev **devp)
+/*
+ * Copy what the caller knows of a struct that may grow (@size bytes of it)
+ * into @dst (@known bytes, the library's idea of it), zero-filled.  Bytes
+ * of a newer caller beyond what we know must be zero: a field we would
+ * ignore is an error (-E2BIG).
+ */
+static int copy_grown(void *dst, size_t known, const void *src, size_t size,
+		      size_t min, const char *what)
 {
+	const unsigned char *p = src;
+	size_t i;
+
+	if (size < min)
+		return hybd__err(-EINVAL, "%s of %zu bytes: too small (%zu at least)",
+				 what, size, min);
+	for (i = known; i < size; i++) {
+		if (p[i])
+			return hybd__err(-E2BIG,
+					 "%s sets fields this libhybd (%u.%u) does not know",
+					 what, HYBD_LIB_VERSION_MAJOR,
+					 HYBD_LIB_VERSION_MINOR);
+	}
+	memset(dst, 0, known);
+	memcpy(dst, src, size < known ? size : known);
+	return 0;
+}
+
+int hybd_dev_create_sized(const struct hybd_config *cfg_in, size_t cfg_size,
+			  const struct hybd_driver *drv_in, size_t drv_size,
+			  void *priv, struct hybd_dev **devp)
+{
+	struct hybd_ctl_features feat = { .len = sizeof(feat) };
+	struct hybd_params params;
 	struct hybd_srv_info info;
+	struct hybd_driver drv;
+	struct hybd_config cfg;
 	struct hybd_dev *dev;
 	char msg[HYBD_ERRMSG_MAX];
 	int ret;
 
-	if (!cfg || !drv || !devp)
+	if (!cfg_in || !drv_in || !devp)
 		return hybd__err(-EINVAL,
 				 "hybd_dev_create: cfg, drv and devp are mandatory");
-	ret = check_handlers(cfg, drv);
+	ret = copy_grown(&cfg, sizeof(cfg), cfg_in, cfg_size, sizeof(cfg),
+			 "struct hybd_config");
+	if (!ret)
+		ret = copy_grown(&drv, sizeof(drv), drv_in, drv_size,
+				 HYBD_DRIVER_SIZE_1_0, "struct hybd_driver");
+	if (!ret)
+		ret = hybd__resolve_ops(&cfg, hybd__driver_ops(&drv));
+	if (!ret)
+		ret = check_handlers(&cfg, &drv);
+	if (ret)
+		return ret;
+	if (cfg.io_priv_size > HYBD_MAX_IO_PRIV)
+		return hybd__err(-EINVAL, "io_priv_size %u: at most %u bytes",
+				 cfg.io_priv_size, HYBD_MAX_IO_PRIV);
+	if (cfg.queue_threads > HYBD_MAX_QUEUE_THREADS)
+		return hybd__err(-EINVAL, "queue_threads %u: at most %u",
+				 cfg.queue_threads, HYBD_MAX_QUEUE_THREADS);
+	/* what can be checked here is, before the module is looked for */
+	ret = hybd__config_to_params(&cfg, &params);
+	if (!ret)
+		ret = hybd_ctl_features(&feat);
 	if (ret)
 		return ret;
 
@@ -193,14 +249,19 @@ int hybd_dev_create(const struct hybd_config *cfg,
 	if (!dev)
 		return hybd__err(-ENOMEM, "no memory for the device");
 	dev->srv_fd = -1;
-	dev->size = cfg->size;
-	dev->lib_flags = cfg->lib_flags;
-	dev->drv = *drv;
+	dev->size = cfg.size;
+	dev->lib_flags = cfg.lib_flags;
+	dev->io_priv_size = (cfg.io_priv_size + 63) & ~63U;
+	/* more threads than requests in flight would only wait */
+	dev->queue_threads = cfg.queue_threads < cfg.queue_depth ?
+			     cfg.queue_threads : cfg.queue_depth;
+	dev->features = feat.features;
+	dev->drv = drv;
 	dev->priv = priv;
 	pthread_mutex_init(&dev->lock, NULL);
 	pthread_cond_init(&dev->cond, NULL);
 
-	ret = hybd_ctl_add(cfg, &dev->id);
+	ret = hybd_ctl_add(&cfg, &dev->id);
 	if (ret)
 		goto out_free;
 	snprintf(dev->path, sizeof(dev->path), HYBD_DEV_DIR HYBD_DISK_NAME_FMT,
@@ -224,6 +285,70 @@ out_del:
 out_free:
 	dev_free(dev);
 	return ret;
+}
+
+/* The entry point of binaries built against libhybd 1.0 to 1.2. */
+int (hybd_dev_create)(const struct hybd_config *cfg,
+		      const struct hybd_driver *drv, void *priv,
+		      struct hybd_dev **devp)
+{
+	return hybd_dev_create_sized(cfg, sizeof(*cfg), drv,
+				     HYBD_DRIVER_SIZE_1_0, priv, devp);
+}
+
+int hybd_queue_cpus(const struct hybd_dev *dev, unsigned int index,
+		    unsigned int *cpus, unsigned int room)
+{
+	struct hybd_srv_queue_cpus qc = { .len = sizeof(qc), .queue = index };
+	unsigned char *mask = NULL;
+	unsigned int cpu, n = 0;
+	int ret;
+
+	if (!(dev->features & HYBD_F_QUEUE_CPUS))
+		return hybd__err(-EOPNOTSUPP,
+				 "the hybd module cannot tell a queue's CPUs (HYBD_F_QUEUE_CPUS)");
+	if (index >= dev->nr_queues)
+		return hybd__err(-EINVAL, "%s has no queue %u", dev->path, index);
+	/* the first call learns the size of the bitmap */
+	for (;;) {
+		qc.mask = (uintptr_t)mask;
+		if (!ioctl(dev->srv_fd, HYBD_SRV_QUEUE_CPUS, &qc))
+			break;
+		ret = -errno;
+		if (ret != -ENOSPC || mask) {
+			free(mask);
+			return hybd__err(ret, "HYBD_SRV_QUEUE_CPUS for %s failed",
+					 dev->path);
+		}
+		qc.mask_bytes = (qc.nr_cpus + 7) / 8;
+		mask = calloc(1, qc.mask_bytes);
+		if (!mask)
+			return hybd__err(-ENOMEM, "no memory for a CPU mask");
+	}
+	for (cpu = 0; cpu < qc.nr_cpus && mask; cpu++) {
+		if (!(mask[cpu / 8] & (1U << (cpu % 8))))
+			continue;
+		if (n < room)
+			cpus[n] = cpu;
+		n++;
+	}
+	free(mask);
+	return n;
+}
+
+struct hybd_queue *hybd_dev_queue(struct hybd_dev *dev, unsigned int index)
+{
+	return index < dev->nr_queues ? &dev->queues[index] : NULL;
+}
+
+unsigned int hybd_dev_nr_queues(const struct hybd_dev *dev)
+{
+	return dev->nr_queues;
+}
+
+unsigned int hybd_lib_version(void)
+{
+	return HYBD_LIB_VERSION(HYBD_LIB_VERSION_MAJOR, HYBD_LIB_VERSION_MINOR);
 }
 
 /* The @n-th CPU (modulo their number) of @set. */
@@ -266,9 +391,56 @@ static void stop_workers(struct hybd_dev *dev)
 	}
 }
 
+/*
+ * Where the worker of queue @i runs: on the CPUs blk-mq maps to the queue
+ * (those this process may use), else on one CPU chosen round-robin.
+ */
+static void worker_cpus(struct hybd_dev *dev, unsigned int i,
+			const cpu_set_t *allowed, cpu_set_t *set)
+{
+	unsigned int cpus[CPU_SETSIZE];
+	int n, k;
+
+	CPU_ZERO(set);
+	n = dev->features & HYBD_F_QUEUE_CPUS ?
+	    hybd_queue_cpus(dev, i, cpus, CPU_SETSIZE) : 0;
+	for (k = 0; k < n && k < CPU_SETSIZE; k++) {
+		if (CPU_ISSET(cpus[k], allowed))
+			CPU_SET(cpus[k], set);
+	}
+	if (!CPU_COUNT(set))
+		CPU_SET(nth_cpu(allowed, i), set);
+}
+
+/* Wait until every started worker has run queue_init; its verdict. */
+static int wait_queue_inits(struct hybd_dev *dev)
+{
+	struct hybd_queue *failed = NULL;
+	unsigned int i;
+	int ret = 0;
+
+	pthread_mutex_lock(&dev->lock);
+	for (i = 0; i < dev->nr_queues; i++) {
+		struct hybd_queue *q = &dev->queues[i];
+
+		if (!q->has_thread)
+			continue;
+		while (!q->init_state)
+			pthread_cond_wait(&dev->cond, &dev->lock);
+		if (q->init_state < 0 && !ret) {
+			ret = q->init_state;
+			failed = q;
+		}
+	}
+	pthread_mutex_unlock(&dev->lock);
+	if (failed)
+		hybd__err(ret, "%s", failed->init_msg);
+	return ret;
+}
+
 static int start_workers(struct hybd_dev *dev)
 {
-	cpu_set_t allowed, one;
+	cpu_set_t allowed, set;
 	pthread_attr_t attr;
 	sigset_t all, old;
 	unsigned int i;
@@ -287,10 +459,10 @@ static int start_workers(struct hybd_dev *dev)
 
 		pthread_attr_init(&attr);
 		if (pin) {
-			CPU_ZERO(&one);
-			CPU_SET(nth_cpu(&allowed, i), &one);
-			pthread_attr_setaffinity_np(&attr, sizeof(one), &one);
+			worker_cpus(dev, i, &allowed, &set);
+			pthread_attr_setaffinity_np(&attr, sizeof(set), &set);
 		}
+		q->init_state = 0;
 		pthread_mutex_lock(&dev->lock);
 		dev->nr_running++;
 		pthread_mutex_unlock(&dev->lock);
@@ -307,9 +479,24 @@ static int start_workers(struct hybd_dev *dev)
 		q->has_thread = true;
 	}
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (!ret)
+		ret = wait_queue_inits(dev);
 	if (ret)
 		stop_workers(dev);
 	return ret;
+}
+
+/* A worker is done: the first error wins, the last one out wakes waiters. */
+void hybd__worker_stopped(struct hybd_queue *q, int err)
+{
+	struct hybd_dev *dev = q->dev;
+
+	pthread_mutex_lock(&dev->lock);
+	if (err && !dev->worker_err)
+		dev->worker_err = err;
+	if (!--dev->nr_running)
+		pthread_cond_broadcast(&dev->cond);
+	pthread_mutex_unlock(&dev->lock);
 }
 
 int hybd_dev_start(struct hybd_dev *dev)
@@ -414,4 +601,133 @@ const char *hybd_dev_path(const struct hybd_dev *dev)
 void *hybd_dev_priv(const struct hybd_dev *dev)
 {
 	return dev->priv;
+}
+
+/*
+ * hybd_run(): tell a supervisor that the device is up.  systemd's
+ * Type=notify protocol: a datagram "READY=1" to the unix socket named by
+ * $NOTIFY_SOCKET ('@' for the abstract namespace).  Best effort.
+ */
+static void notify_ready(void)
+{
+	const char *path = getenv("NOTIFY_SOCKET");
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	size_t len;
+	int fd;
+
+	if (!path || (path[0] != '/' && path[0] != '@'))
+		return;
+	len = strlen(path);
+	if (len >= sizeof(sa.sun_path))
+		return;
+	memcpy(sa.sun_path, path, len);
+	if (sa.sun_path[0] == '@')
+		sa.sun_path[0] = '\0';
+	fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return;
+	sendto(fd, "READY=1", 7, MSG_NOSIGNAL, (struct sockaddr *)&sa,
+	       offsetof(struct sockaddr_un, sun_path) + len);
+	close(fd);
+}
+
+struct run_waiter {
+	struct hybd_dev	*dev;
+	int		efd;
+	int		ret;
+	char		msg[HYBD_ERRMSG_MAX];
+};
+
+/* hybd_run()'s second thread: wait for the workers, then say so. */
+static void *run_wait(void *arg)
+{
+	struct run_waiter *w = arg;
+	uint64_t one = 1;
+
+	w->ret = hybd_dev_wait(w->dev);
+	if (w->ret)
+		snprintf(w->msg, sizeof(w->msg), "%s", hybd_errmsg());
+	(void)!write(w->efd, &one, sizeof(one));
+	return NULL;
+}
+
+int hybd_run_sized(const struct hybd_config *cfg, size_t cfg_size,
+		   const struct hybd_driver *drv, size_t drv_size, void *priv)
+{
+	struct run_waiter w = { .efd = -1 };
+	struct pollfd pfd[2];
+	sigset_t stop, old;
+	struct hybd_dev *dev;
+	pthread_t thread;
+	int sfd, ret;
+
+	sigemptyset(&stop);
+	sigaddset(&stop, SIGINT);
+	sigaddset(&stop, SIGTERM);
+	pthread_sigmask(SIG_BLOCK, &stop, &old);
+	sfd = signalfd(-1, &stop, SFD_CLOEXEC | SFD_NONBLOCK);
+	w.efd = eventfd(0, EFD_CLOEXEC);
+	if (sfd < 0 || w.efd < 0) {
+		ret = hybd__err(-errno, "hybd_run: no signalfd or eventfd");
+		goto out;
+	}
+
+	ret = hybd_dev_create_sized(cfg, cfg_size, drv, drv_size, priv, &dev);
+	if (ret)
+		goto out;
+	ret = hybd_dev_start(dev);
+	if (ret) {
+		char msg[HYBD_ERRMSG_MAX];
+
+		snprintf(msg, sizeof(msg), "%s", hybd_errmsg());
+		hybd_dev_delete(dev);
+		hybd__err(ret, "%s", msg);
+		goto out;
+	}
+	w.dev = dev;
+	ret = pthread_create(&thread, NULL, run_wait, &w);
+	if (ret) {
+		hybd_dev_delete(dev);
+		ret = hybd__err(-ret, "hybd_run: cannot start a thread");
+		goto out;
+	}
+	if (drv_size > offsetof(struct hybd_driver, ready) && drv->ready)
+		drv->ready(dev);
+	notify_ready();
+
+	pfd[0].fd = sfd;
+	pfd[0].events = POLLIN;
+	pfd[1].fd = w.efd;
+	pfd[1].events = POLLIN;
+	for (;;) {
+		if (poll(pfd, 2, -1) < 0 && errno != EINTR)
+			break;
+		if (pfd[1].revents)
+			break;		/* the workers are gone */
+		if (pfd[0].revents) {
+			struct signalfd_siginfo si;
+
+			(void)!read(sfd, &si, sizeof(si));
+			/*
+			 * Graceful: the kernel writes back what it holds
+			 * through the workers, which then exit.  If it
+			 * refuses, keep serving: stopping now would fail
+			 * that data.  Another signal tries again.
+			 */
+			hybd_ctl_del(dev->id);
+		}
+	}
+	hybd_dev_stop(dev);
+	pthread_join(thread, NULL);
+	hybd_dev_delete(dev);
+	ret = w.ret;
+	if (ret)
+		hybd__err(ret, "%s", w.msg);
+out:
+	if (sfd >= 0)
+		close(sfd);
+	if (w.efd >= 0)
+		close(w.efd);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	return ret;
 }

@@ -184,6 +184,13 @@ int hybd__param_errmsg(char *buf, size_t size, const struct hybd_params *p,
 				b->queue_depth, b->max_io_bytes,
 				(uint64_t)b->queue_depth * b->max_io_bytes,
 				HYBD_MAX_QUEUE_BUF);
+	case HYBD_PERR_DEV_BUF:
+		return snprintf(buf, size,
+				"%u queues x depth %u x max I/O size %u = %" PRIu64 " bytes of buffers per device: must not exceed %" PRIu64 " (1 GiB)",
+				b->nr_hw_queues, b->queue_depth, b->max_io_bytes,
+				(uint64_t)b->nr_hw_queues * b->queue_depth *
+				b->max_io_bytes,
+				(uint64_t)HYBD_MAX_DEV_BUF);
 	case HYBD_PERR_OPS:
 		return ops_errmsg(buf, size, b);
 	case HYBD_PERR_FLAGS:

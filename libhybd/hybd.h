@@ -12,9 +12,32 @@
  *	hybd_dev_wait(dev);		// until the device is deleted
  *	hybd_dev_delete(dev);
  *
- * The library runs one worker thread per hardware queue.  Each worker calls
- * the handlers for the requests of its queue, one at a time; handlers of
- * different queues run concurrently.
+ * or, for the common case, in one call that also owns SIGINT/SIGTERM:
+ *
+ *	hybd_config_init(&cfg);
+ *	cfg.size = 64 << 20;
+ *	return hybd_run(&cfg, &my_driver, my_state) ? 1 : 0;
+ *
+ * Threads.  The library runs one worker thread per hardware queue, pinned
+ * to the CPUs that submit to that queue.  A worker calls the handlers for
+ * the requests of its queue, one at a time; handlers of different queues
+ * run concurrently.  A handler that blocks holds its whole queue, so there
+ * are two ways to reach a real queue depth:
+ *
+ *  - asynchronous handlers: return HYBD_IO_ASYNC and complete later with
+ *    hybd_io_complete().  A backend with a file descriptor (an io_uring, a
+ *    socket) is served by the same worker: register the fd from the
+ *    queue_init() hook with hybd_queue_watch_fd(), and the worker waits for
+ *    the queue's submissions and that fd at once, calling your callback
+ *    when the fd is readable.  Completions made in the worker thread are
+ *    handed to the kernel in one system call per batch.
+ *  - a thread pool: hybd_config.queue_threads = N runs the handlers of each
+ *    queue in N threads, so N blocking handlers can be in flight per queue.
+ *
+ * Compatibility.  struct hybd_driver and struct hybd_config may grow: the
+ * hybd_dev_create() and hybd_run() macros pass the sizes the caller was
+ * compiled with, and the library reads no field beyond them, so a binary
+ * built against an older hybd.h keeps working with a newer libhybd.
  *
  * Errors: every function that can fail returns a negative errno value and
  * never sets errno.  A human-readable explanation of the last failure in the
@@ -31,13 +54,26 @@
 extern "C" {
 #endif
 
+#include <stddef.h>
+
 #define HYBD_LIB_VERSION_MAJOR	1
-#define HYBD_LIB_VERSION_MINOR	2
+#define HYBD_LIB_VERSION_MINOR	3
+/* what hybd_lib_version() returns for a given version */
+#define HYBD_LIB_VERSION(major, minor)	(((major) << 16) | (minor))
 
 /* A device served by this process (opaque). */
 struct hybd_dev;
+/* One hardware queue of such a device, and its worker (opaque). */
+struct hybd_queue;
 /* One request handed to a handler (opaque). */
 struct hybd_io;
+
+/*
+ * hybd_lib_version - the version of the libhybd actually running, which
+ * may be newer than the hybd.h a program was built with.
+ * RETURN VALUE: HYBD_LIB_VERSION(major, minor).
+ */
+unsigned int hybd_lib_version(void);
 
 /* hybd_config.lib_flags */
 #define HYBD_CFG_NO_AFFINITY	(1U << 0)	/* do not pin workers to CPUs */
@@ -63,18 +99,42 @@ struct hybd_config {
 	uint32_t discard_granularity;	/* 0: logical block size */
 	uint32_t max_write_zeroes_bytes; /* 0: kernel default */
 	uint32_t io_timeout;		/* seconds a request may take; 0: none */
-	uint32_t reserved[9];		/* zero (set by hybd_config_init) */
+	/* since 1.3 */
+	uint32_t queue_threads;		/* handler threads per queue; 0, 1: the
+					 * worker itself (at most 256) */
+	uint32_t io_priv_size;		/* bytes of hybd_io_data() per request
+					 * (at most 1 MiB) */
+	uint32_t reserved[7];		/* zero (set by hybd_config_init) */
 };
+
+/* hybd_config_init()'s memory budget: at most this many queues... */
+#define HYBD_DEFAULT_QUEUES_MAX	8
+/* ...each of HYBD_DEFAULT_DEPTH requests of up to HYBD_DEFAULT_MAX_IO */
+#define HYBD_DEFAULT_DEPTH	64
+#define HYBD_DEFAULT_MAX_IO	(128U << 10)
 
 /*
  * hybd_config_init - fill @cfg with the defaults.
  *
  * size 0 (the caller must set it), 4 KiB logical and physical blocks, one
- * queue per online CPU (at most HYBD_MAX_QUEUES), depth 64, 1 MiB max I/O,
- * every operation (read, write, flush, FUA, discard, write-zeroes), a
- * volatile write cache, no busy-polling, a 30 s I/O timeout (a request the
- * handlers have not completed by then fails with EIO), any device id,
- * workers pinned.
+ * queue per online CPU up to HYBD_DEFAULT_QUEUES_MAX (blk-mq maps several
+ * CPUs to a queue beyond that), depth 64, 128 KiB max I/O (larger requests
+ * are split by the block layer), no busy-polling, a 30 s I/O timeout (a
+ * request the handlers have not completed by then fails with EIO), any
+ * device id, workers pinned, handlers run by the worker.
+ *
+ * Memory: each queue pins depth * max_io bytes of kernel memory shared with
+ * the server (plus its rings), so these defaults pin at most 8 MiB per
+ * queue and 64 MiB per device, whatever the number of CPUs; the kernel
+ * refuses more than HYBD_MAX_DEV_BUF per device.  `hybdctl info` shows the
+ * figure (mem_bytes).
+ *
+ * Operations: ops is 0, which means "what the driver's handlers support"
+ * (see struct hybd_driver), and flags is HYBD_DEV_F_WRITE_CACHE, which
+ * means "a volatile write cache if the driver has a .flush handler".
+ * Clear HYBD_DEV_F_WRITE_CACHE to refuse flush and FUA; set ops to choose
+ * the operations explicitly (each then needs its handler).  Without a
+ * driver (hybd_ctl_add()), ops 0 means every operation.
  */
 void hybd_config_init(struct hybd_config *cfg);
 
@@ -87,10 +147,23 @@ void hybd_config_init(struct hybd_config *cfg);
 #define HYBD_IO_ASYNC	1
 
 /*
- * The driver: one handler per operation.  A request for an operation whose
- * handler is NULL fails with -EOPNOTSUPP; hybd_dev_create() refuses a
- * config whose ops announce an operation without a handler (read needs
- * .read, write and FUA need .write, flush needs .flush, ...).
+ * What a handler's negative errno becomes for the reader (the block layer's
+ * status): -EOPNOTSUPP, -ENOSPC, -ENODATA (a medium error), -ETIMEDOUT and
+ * -EILSEQ (an integrity error) keep their meaning; every other errno is an
+ * I/O error (EIO).  -EAGAIN and -ENOMEM do not mean "retry": the request
+ * fails.  ENOSPC reaches a writer as ENOSPC, the others as EIO.
+ */
+
+/*
+ * The driver: one handler per operation, and optional hooks.  The
+ * operations the device offers follow the handlers (unless
+ * hybd_config.ops says otherwise): .read is mandatory, .write makes the
+ * device writable, .flush gives it a volatile write cache with flush and
+ * FUA (a write with HYBD_IO_F_FUA must be durable when it completes;
+ * without .flush, every completed write must be durable), .discard and
+ * .write_zeroes offer those.  A request for an operation whose handler is
+ * NULL fails with -EOPNOTSUPP; hybd_dev_create() refuses explicit ops that
+ * announce an operation without its handler.
  *
  * Offsets and lengths are in bytes, and the library has checked them:
  * [offset, offset + len) lies on the device, and a read or write is 1 to
@@ -108,10 +181,39 @@ struct hybd_driver {
 	int (*flush)(struct hybd_io *io);
 	int (*discard)(struct hybd_io *io, uint64_t offset, uint32_t len);
 	int (*write_zeroes)(struct hybd_io *io, uint64_t offset, uint32_t len);
+
+	/* since 1.3; every hook is optional */
+
+	/*
+	 * queue_init - called in each worker thread before it serves its
+	 * queue, e.g. to set up a per-queue io_uring: hybd_queue_set_priv(),
+	 * hybd_queue_watch_fd().  A negative errno fails hybd_dev_start().
+	 */
+	int (*queue_init)(struct hybd_queue *q);
+	/*
+	 * queue_exit - called in the worker thread when it stops, after its
+	 * thread pool (if any) has stopped; only for queues whose
+	 * queue_init succeeded.  Requests still kept (HYBD_IO_ASYNC) must
+	 * not be completed after it returns.
+	 */
+	void (*queue_exit)(struct hybd_queue *q);
+	/*
+	 * queue_idle - called in the worker thread when it has handed every
+	 * visible request to a handler and is about to wait: the place to
+	 * submit a batch of backend I/O prepared by the handlers (one
+	 * io_uring_submit() for all of them).
+	 */
+	void (*queue_idle)(struct hybd_queue *q);
+	/*
+	 * ready - hybd_run() only: called once /dev/hybdN exists (after
+	 * hybd_dev_start()), e.g. to print its name or tell a supervisor.
+	 */
+	void (*ready)(struct hybd_dev *dev);
 };
 
 /*
- * hybd_dev_create - add a device and prepare to serve it.
+ * hybd_dev_create - add a device and prepare to serve it.  (A macro: the
+ * library learns the sizes of @cfg and @drv that the caller knows.)
  *
  * Adds the device through /dev/hybd-control, opens its server node
  * /dev/hybdN-srv and maps the rings of every queue.  No block device exists
@@ -121,9 +223,33 @@ struct hybd_driver {
  * RETURN VALUE: 0 and *@devp set, or a negative errno (-ENOENT when the
  * module is not loaded, -EINVAL for a parameter the kernel refused, ...).
  */
-int hybd_dev_create(const struct hybd_config *cfg,
-		    const struct hybd_driver *drv, void *priv,
-		    struct hybd_dev **devp);
+#define hybd_dev_create(cfg, drv, priv, devp)				\
+	hybd_dev_create_sized((cfg), sizeof(*(cfg)), (drv), sizeof(*(drv)), \
+			      (priv), (devp))
+int hybd_dev_create_sized(const struct hybd_config *cfg, size_t cfg_size,
+			  const struct hybd_driver *drv, size_t drv_size,
+			  void *priv, struct hybd_dev **devp);
+
+/*
+ * hybd_run - create, start and serve a device until it is deleted or the
+ * process gets SIGINT or SIGTERM, then delete it (gracefully: the kernel
+ * writes back what it holds through the workers first).  (A macro, like
+ * hybd_dev_create().)
+ *
+ * Blocks SIGINT and SIGTERM in the calling thread (the caller's mask is
+ * restored on return) and takes them through a signalfd: call it from the
+ * main thread before creating other threads, or block them in those too.
+ * Calls @drv->ready once the block device exists, and, when NOTIFY_SOCKET
+ * is set (systemd Type=notify), sends READY=1 there.
+ *
+ * RETURN VALUE: 0 after a signal or a delete from outside (`hybdctl del`),
+ * or a negative errno: the device could not be created or started, or a
+ * worker failed (see hybd_errmsg()).
+ */
+#define hybd_run(cfg, drv, priv)					\
+	hybd_run_sized((cfg), sizeof(*(cfg)), (drv), sizeof(*(drv)), (priv))
+int hybd_run_sized(const struct hybd_config *cfg, size_t cfg_size,
+		   const struct hybd_driver *drv, size_t drv_size, void *priv);
 
 /*
  * hybd_dev_start - start the workers, then the block device.
@@ -195,11 +321,88 @@ void *hybd_dev_priv(const struct hybd_dev *dev);
  * hybd_io_complete - complete a request a handler kept (HYBD_IO_ASYNC).
  *
  * @result is 0 or a negative errno.  Callable from any thread, once per
- * request; a second call for the same request is ignored.  From a thread
- * other than the queue's worker, the completion is handed to the kernel
- * immediately (one system call).  @io must not be used afterwards.
+ * request; a second call for the same request is ignored.  From the
+ * queue's worker (a watched fd's callback, queue_idle, a handler), the
+ * completion goes to the kernel with the worker's next system call,
+ * batched with the others; from any other thread, immediately (one system
+ * call).  @io must not be used afterwards.
  */
 void hybd_io_complete(struct hybd_io *io, int result);
+
+/*
+ * hybd_io_complete_batch - complete @n kept requests, @ios[i] with
+ * @results[i], handing them to the kernel with one system call per queue
+ * (none from the worker thread, as above).  Callable from any thread.
+ */
+void hybd_io_complete_batch(struct hybd_io *const *ios, const int *results,
+			    unsigned int n);
+
+/*
+ * hybd_io_data - the request's private data: hybd_config.io_priv_size
+ * bytes, 64-byte aligned, one area per tag (reused by the tag's next
+ * request: the library does not clear it).  NULL if io_priv_size is 0.
+ */
+void *hybd_io_data(const struct hybd_io *io);
+/* RETURN VALUE: the request's byte offset on the device. */
+uint64_t hybd_io_offset(const struct hybd_io *io);
+/* RETURN VALUE: its length in bytes (0 for a flush). */
+uint32_t hybd_io_len(const struct hybd_io *io);
+/* RETURN VALUE: its data buffer (read, write), NULL for other operations. */
+void *hybd_io_buf(const struct hybd_io *io);
+/* RETURN VALUE: the hardware queue the request came on. */
+struct hybd_queue *hybd_io_hwq(const struct hybd_io *io);
+
+/*
+ * Queues.  A worker serves each hardware queue; its hooks and a watched
+ * fd's callbacks run in that thread.
+ */
+
+/* RETURN VALUE: queue @index of @dev (0..nr_queues-1), NULL if none. */
+struct hybd_queue *hybd_dev_queue(struct hybd_dev *dev, unsigned int index);
+/* RETURN VALUE: the number of hardware queues of @dev. */
+unsigned int hybd_dev_nr_queues(const struct hybd_dev *dev);
+/* RETURN VALUE: the queue's index. */
+unsigned int hybd_queue_index(const struct hybd_queue *q);
+/* RETURN VALUE: the device the queue belongs to. */
+struct hybd_dev *hybd_queue_dev(const struct hybd_queue *q);
+/* Store @priv for this queue (NULL until set); hybd_queue_priv() gets it. */
+void hybd_queue_set_priv(struct hybd_queue *q, void *priv);
+/* RETURN VALUE: what hybd_queue_set_priv() stored. */
+void *hybd_queue_priv(const struct hybd_queue *q);
+
+/* A watched fd became readable (or has an error): see hybd_queue_watch_fd */
+typedef void (*hybd_fd_cb)(struct hybd_queue *q, int fd, void *arg);
+
+/* at most this many fds per queue */
+#define HYBD_QUEUE_MAX_FDS	8
+
+/*
+ * hybd_queue_watch_fd - make the queue's worker wait for @fd too.
+ *
+ * From then on the worker sleeps in poll() on the queue's submissions (an
+ * eventfd the kernel signals) and on each watched fd, and calls
+ * @cb(q, fd, @arg) in the worker thread whenever @fd is readable (POLLIN,
+ * or POLLERR/POLLHUP); @cb must consume what made it readable, or it is
+ * called again at once.  For an io_uring, watch its ring fd (POLLIN when
+ * completions are waiting) and reap them in @cb.  Call it from queue_init
+ * (or from the worker thread).  The fd stays the caller's to close, after
+ * the worker stopped (queue_exit).
+ *
+ * RETURN VALUE: 0, -EINVAL (bad fd, not the worker thread), -ENOSPC (more
+ * than HYBD_QUEUE_MAX_FDS), -EOPNOTSUPP (the module lacks HYBD_F_EVENTFD).
+ */
+int hybd_queue_watch_fd(struct hybd_queue *q, int fd, hybd_fd_cb cb,
+			void *arg);
+
+/*
+ * hybd_queue_cpus - the CPUs that submit to queue @index of @dev (blk-mq's
+ * mapping), the ones its worker is pinned to.  Stores up to @room CPU
+ * numbers in @cpus, in ascending order.
+ * RETURN VALUE: how many CPUs map to the queue (may exceed @room), or
+ * -errno (-EOPNOTSUPP: the module lacks HYBD_F_QUEUE_CPUS).
+ */
+int hybd_queue_cpus(const struct hybd_dev *dev, unsigned int index,
+		    unsigned int *cpus, unsigned int room);
 
 /* Request accessors: valid from the handler call until completion. */
 /* RETURN VALUE: enum hybd_io_op (HYBD_OP_READ, ...). */

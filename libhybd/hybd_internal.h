@@ -29,15 +29,41 @@ static inline int hybd__is_pow2(uint32_t v)
 	return v && !(v & (v - 1));
 }
 
+/* struct hybd_driver as libhybd 1.0-1.2 knew it: the five handlers */
+#define HYBD_DRIVER_SIZE_1_0	offsetof(struct hybd_driver, queue_init)
+/* the largest io_priv_size and queue_threads */
+#define HYBD_MAX_IO_PRIV	(1U << 20)
+#define HYBD_MAX_QUEUE_THREADS	256
+
 struct hybd_queue;
 
 struct hybd_io {
 	struct hybd_queue	*q;
 	uint64_t		seq;	/* echoed in the completion */
+	uint64_t		offset;	/* bytes */
+	uint32_t		len;
 	uint32_t		tag;
 	uint16_t		flags;	/* HYBD_IO_F_* */
 	uint8_t			op;	/* enum hybd_io_op */
 	uint8_t			busy;	/* handed to a handler, not completed */
+	void			*data;	/* hybd_io_data() */
+	struct hybd_io		*next;	/* in the queue's pool list */
+};
+
+struct hybd_watch {
+	int			fd;
+	hybd_fd_cb		cb;
+	void			*arg;
+};
+
+/* The handler threads of a queue (hybd_config.queue_threads > 1). */
+struct hybd_pool {
+	pthread_mutex_t		lock;
+	pthread_cond_t		cond;
+	struct hybd_io		*head, **tailp;	/* requests waiting */
+	bool			stop;
+	unsigned int		nr_threads;
+	pthread_t		*threads;
 };
 
 /* One hardware queue: its shared area and its worker. */
@@ -63,8 +89,20 @@ struct hybd_queue {
 						 * callers inside, not worker */
 
 	struct hybd_io		*ios;		/* [depth] */
+	void			*io_data;	/* [depth][io_priv_size] */
+	void			*priv;		/* hybd_queue_set_priv() */
 	pthread_t		thread;
 	bool			has_thread;
+	int			init_state;	/* 0: running queue_init, 1:
+						 * done, < 0: it failed */
+	char			init_msg[256];	/* hybd_errmsg() of a failure */
+
+	/* event mode: the worker polls the eventfd and the watched fds */
+	int			efd;
+	unsigned int		nr_watch;
+	struct hybd_watch	watch[HYBD_QUEUE_MAX_FDS];
+
+	struct hybd_pool	*pool;
 } __attribute__((aligned(64)));
 
 struct hybd_dev {
@@ -73,7 +111,10 @@ struct hybd_dev {
 	char			path[32];
 	uint64_t		size;
 	uint32_t		lib_flags;
-	struct hybd_driver	drv;
+	uint32_t		io_priv_size;	/* rounded up to 64 */
+	uint32_t		queue_threads;
+	uint64_t		features;	/* HYBD_F_* of the module */
+	struct hybd_driver	drv;		/* zero beyond the caller's */
 	void			*priv;
 
 	unsigned int		nr_queues;
@@ -101,6 +142,9 @@ void hybd__ops_str(uint32_t ops, char *buf, size_t size);
 int hybd__ctl_del(uint32_t id);
 int hybd__config_to_params(const struct hybd_config *cfg,
 			   struct hybd_params *p);
+int hybd__resolve_ops(struct hybd_config *cfg, uint32_t have);
+uint32_t hybd__driver_ops(const struct hybd_driver *drv);
+unsigned int hybd__default_queues(long cpus);
 
 /* bpf.c */
 size_t hybd__bpf_log_condense(char *out, size_t size, const char *log);
@@ -112,5 +156,6 @@ int hybd__queue_init(struct hybd_queue *q, struct hybd_dev *dev,
 void hybd__queue_exit(struct hybd_queue *q);
 unsigned int hybd__queue_drain(struct hybd_queue *q);
 void *hybd__worker(void *arg);
+void hybd__worker_stopped(struct hybd_queue *q, int err);
 
 #endif /* LIBHYBD_INTERNAL_H */

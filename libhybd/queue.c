@@ -6,16 +6,25 @@
  * completions posted since the last call and sleeps until submissions
  * arrive; it then drains the submission ring, calls a handler per request
  * and posts each result on the completion ring.  Completions may also come
- * from other threads (HYBD_IO_ASYNC), hence the per-queue cq_lock.
+ * from other threads (HYBD_IO_ASYNC, the pool), hence the per-queue
+ * cq_lock.
+ *
+ * A queue with watched fds runs in event mode instead: HYBD_SRV_IO(ARM)
+ * commits and arms the queue's eventfd without sleeping, and the worker
+ * sleeps in poll() on that eventfd and the watched fds.
  *
  * Everything read from the shared area is checked: the kernel owns it, but
  * a wild write elsewhere in this process must cost a request, not a crash.
  */
 #include <errno.h>
+#include <poll.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/ioctl.h>
+#include <unistd.h>
 
 #include "hybd_internal.h"
 
@@ -75,13 +84,28 @@ int hybd__queue_init(struct hybd_queue *q, struct hybd_dev *dev,
 				 id, what);
 
 	memset(q, 0, sizeof(*q));
+	q->efd = -1;
 	q->ios = calloc(depth, sizeof(*q->ios));
 	if (!q->ios)
 		return hybd__err(-ENOMEM, "queue %u: no memory for %u requests",
 				 id, depth);
+	if (dev->io_priv_size) {
+		q->io_data = aligned_alloc(64, (size_t)depth *
+						   dev->io_priv_size);
+		if (!q->io_data) {
+			free(q->ios);
+			return hybd__err(-ENOMEM,
+					 "queue %u: no memory for %u x %u bytes of request data",
+					 id, depth, dev->io_priv_size);
+		}
+		memset(q->io_data, 0, (size_t)depth * dev->io_priv_size);
+	}
 	for (i = 0; i < depth; i++) {
 		q->ios[i].q = q;
 		q->ios[i].tag = i;
+		if (q->io_data)
+			q->ios[i].data = (char *)q->io_data +
+					 (size_t)i * dev->io_priv_size;
 	}
 	q->dev = dev;
 	q->id = id;
@@ -103,9 +127,14 @@ int hybd__queue_init(struct hybd_queue *q, struct hybd_dev *dev,
 
 void hybd__queue_exit(struct hybd_queue *q)
 {
+	if (q->efd >= 0)
+		close(q->efd);
+	q->efd = -1;
 	pthread_mutex_destroy(&q->cq_lock);
 	free(q->ios);
 	q->ios = NULL;
+	free(q->io_data);
+	q->io_data = NULL;
 }
 
 /* Hand the completions posted on queue sio->queue to the kernel. */
@@ -145,7 +174,7 @@ static void queue_post(struct hybd_queue *q, uint32_t tag, int32_t result,
 	hybd_write_once(&cqe->tag, tag);
 	hybd_write_once(&cqe->result, result);
 	hybd_write_once(&cqe->seq, seq);
-	q->cq_tail++;
+	hybd_write_once(&q->cq_tail, q->cq_tail + 1);	/* see uncommitted() */
 	hybd_store_release(&q->hdr->cq_tail, q->cq_tail);
 	pthread_mutex_unlock(&q->cq_lock);
 }
@@ -163,30 +192,59 @@ static int io_finish(struct hybd_io *io, int result)
 	return 1;
 }
 
-void hybd_io_complete(struct hybd_io *io, int result)
+/*
+ * Complete @n requests of queue @q from a thread other than its worker:
+ * post them and commit now.  The kernel then takes every submission
+ * published so far as seen by the server, so unless the worker has
+ * consumed up to the tail we got back, kick it or it may sleep on them.
+ * Once posted, a request can finish and a graceful delete return;
+ * hybd_dev_delete() waits for completers to leave before it unmaps the
+ * queue.
+ */
+static void complete_foreign(struct hybd_queue *q, struct hybd_io *const *ios,
+			     const int *results, unsigned int n)
 {
-	struct hybd_queue *q = io->q;
 	struct hybd_srv_io sio = { .queue = q->id };
+	unsigned int i, posted = 0;
 
-	/* The worker hands its own completions over when it next waits. */
-	if (hybd_current_queue == q) {
-		io_finish(io, result);
-		return;
-	}
-
-	/*
-	 * Another thread: commit now.  The kernel then takes every submission
-	 * published so far as seen by the server, so unless the worker has
-	 * consumed up to the tail we got back, kick it or it may sleep on
-	 * them.  Once posted, the request can finish and a graceful delete
-	 * return; hybd_dev_delete() waits for completers to leave before it
-	 * unmaps the queue.
-	 */
 	__atomic_add_fetch(&q->completers, 1, __ATOMIC_SEQ_CST);
-	if (io_finish(io, result) && srv_commit(q->dev->srv_fd, &sio) >= 0 &&
+	for (i = 0; i < n; i++)
+		posted += io_finish(ios[i], results[i]);
+	if (posted && srv_commit(q->dev->srv_fd, &sio) >= 0 &&
 	    sio.sq_tail != hybd_load_acquire(&q->hdr->sq_head))
 		ioctl(q->dev->srv_fd, HYBD_SRV_KICK, (unsigned long)q->id);
 	__atomic_sub_fetch(&q->completers, 1, __ATOMIC_RELEASE);
+}
+
+void hybd_io_complete(struct hybd_io *io, int result)
+{
+	/* The worker hands its own completions over when it next waits. */
+	if (hybd_current_queue == io->q)
+		io_finish(io, result);
+	else
+		complete_foreign(io->q, &io, &result, 1);
+}
+
+void hybd_io_complete_batch(struct hybd_io *const *ios, const int *results,
+			    unsigned int n)
+{
+	unsigned int i, j;
+
+	/* one commit per run of requests of the same queue */
+	for (i = 0; i < n; i = j) {
+		struct hybd_queue *q = ios[i]->q;
+
+		for (j = i + 1; j < n && ios[j]->q == q; j++)
+			;
+		if (hybd_current_queue == q) {
+			while (i < j) {
+				io_finish(ios[i], results[i]);
+				i++;
+			}
+		} else {
+			complete_foreign(q, ios + i, results + i, j - i);
+		}
+	}
 }
 
 static int in_range(const struct hybd_dev *dev, uint64_t sector, uint32_t len)
@@ -197,36 +255,141 @@ static int in_range(const struct hybd_dev *dev, uint64_t sector, uint32_t len)
 	       len <= dev->size - (sector << HYBD_SECTOR_SHIFT);
 }
 
-/* Call the handler for @d.  Returns what the handler did, or -errno. */
-static int io_dispatch(struct hybd_queue *q, struct hybd_io *io,
-		       const struct hybd_io_desc *d)
+/* Call the handler for @io.  Returns what the handler did, or -errno. */
+static int io_dispatch(struct hybd_queue *q, struct hybd_io *io)
 {
 	const struct hybd_driver *drv = &q->dev->drv;
-	uint64_t off = d->sector << HYBD_SECTOR_SHIFT;
 	void *buf = q->data + (size_t)io->tag * q->max_io;
-	uint32_t len = d->nr_bytes;
+	uint64_t off = io->offset;
+	uint32_t len = io->len;
 
-	if (d->op >= HYBD_OP_MAX)
-		return -EIO;
-	if (d->op == HYBD_OP_FLUSH)
-		return drv->flush ? drv->flush(io) : -EOPNOTSUPP;
-	if (!in_range(q->dev, d->sector, len))
-		return -EIO;
-
-	switch (d->op) {
+	switch (io->op) {
 	case HYBD_OP_READ:
-		if (!len || len > q->max_io)
-			return -EIO;
 		return drv->read ? drv->read(io, buf, off, len) : -EOPNOTSUPP;
 	case HYBD_OP_WRITE:
-		if (!len || len > q->max_io)
-			return -EIO;
 		return drv->write ? drv->write(io, buf, off, len) : -EOPNOTSUPP;
 	case HYBD_OP_DISCARD:
 		return drv->discard ? drv->discard(io, off, len) : -EOPNOTSUPP;
 	case HYBD_OP_WRITE_ZEROES:
 		return drv->write_zeroes ? drv->write_zeroes(io, off, len) :
 					   -EOPNOTSUPP;
+	case HYBD_OP_FLUSH:
+		return drv->flush ? drv->flush(io) : -EOPNOTSUPP;
+	default:
+		return -EIO;
+	}
+}
+
+/* Run the handler of @io and complete it unless it kept it. */
+static void io_run(struct hybd_queue *q, struct hybd_io *io)
+{
+	int ret = io_dispatch(q, io);
+
+	if (ret != HYBD_IO_ASYNC)
+		hybd_io_complete(io, ret);
+}
+
+/* A handler thread of the pool: run requests until told to stop. */
+static void *pool_thread(void *arg)
+{
+	struct hybd_queue *q = arg;
+	struct hybd_pool *p = q->pool;
+	struct hybd_io *io;
+
+	pthread_mutex_lock(&p->lock);
+	for (;;) {
+		while (!p->head && !p->stop)
+			pthread_cond_wait(&p->cond, &p->lock);
+		io = p->head;
+		if (!io)
+			break;		/* stopping, and nothing left */
+		p->head = io->next;
+		if (!p->head)
+			p->tailp = &p->head;
+		pthread_mutex_unlock(&p->lock);
+		io_run(q, io);
+		pthread_mutex_lock(&p->lock);
+	}
+	pthread_mutex_unlock(&p->lock);
+	return NULL;
+}
+
+static void pool_push(struct hybd_pool *p, struct hybd_io *io)
+{
+	io->next = NULL;
+	pthread_mutex_lock(&p->lock);
+	*p->tailp = io;
+	p->tailp = &io->next;
+	pthread_cond_signal(&p->cond);
+	pthread_mutex_unlock(&p->lock);
+}
+
+/* Stop the pool's threads once they have run what is queued; free it. */
+static void pool_stop(struct hybd_queue *q)
+{
+	struct hybd_pool *p = q->pool;
+	unsigned int i;
+
+	if (!p)
+		return;
+	pthread_mutex_lock(&p->lock);
+	p->stop = true;
+	pthread_cond_broadcast(&p->cond);
+	pthread_mutex_unlock(&p->lock);
+	for (i = 0; i < p->nr_threads; i++)
+		pthread_join(p->threads[i], NULL);
+	pthread_cond_destroy(&p->cond);
+	pthread_mutex_destroy(&p->lock);
+	free(p->threads);
+	free(p);
+	q->pool = NULL;
+}
+
+/* Start @n handler threads for @q (they inherit the worker's CPUs). */
+static int pool_start(struct hybd_queue *q, unsigned int n)
+{
+	struct hybd_pool *p = calloc(1, sizeof(*p));
+	int ret;
+
+	if (!p || !(p->threads = calloc(n, sizeof(*p->threads)))) {
+		free(p);
+		return hybd__err(-ENOMEM, "queue %u: no memory for %u threads",
+				 q->id, n);
+	}
+	pthread_mutex_init(&p->lock, NULL);
+	pthread_cond_init(&p->cond, NULL);
+	p->tailp = &p->head;
+	q->pool = p;
+	for (; p->nr_threads < n; p->nr_threads++) {
+		ret = pthread_create(&p->threads[p->nr_threads], NULL,
+				     pool_thread, q);
+		if (ret) {
+			pool_stop(q);
+			return hybd__err(-ret,
+					 "queue %u: cannot start handler thread %u",
+					 q->id, p->nr_threads);
+		}
+	}
+	return 0;
+}
+
+/*
+ * Is the request the kernel described sane?  A malformed one fails with
+ * -EIO before any handler sees it.
+ */
+static int io_check(const struct hybd_queue *q, const struct hybd_io_desc *d)
+{
+	switch (d->op) {
+	case HYBD_OP_FLUSH:
+		return 0;
+	case HYBD_OP_READ:
+	case HYBD_OP_WRITE:
+		if (!d->nr_bytes || d->nr_bytes > q->max_io)
+			return -EIO;
+		/* fall through */
+	case HYBD_OP_DISCARD:
+	case HYBD_OP_WRITE_ZEROES:
+		return in_range(q->dev, d->sector, d->nr_bytes) ? 0 : -EIO;
 	default:
 		return -EIO;
 	}
@@ -261,11 +424,17 @@ static void queue_handle(struct hybd_queue *q, uint32_t tag)
 	io->seq = d.seq;
 	io->op = d.op;
 	io->flags = d.flags;
+	io->offset = d.sector << HYBD_SECTOR_SHIFT;
+	io->len = d.op == HYBD_OP_FLUSH ? 0 : d.nr_bytes;
 	__atomic_store_n(&io->busy, 1, __ATOMIC_RELAXED);
 
-	ret = io_dispatch(q, io, &d);
-	if (ret != HYBD_IO_ASYNC)
+	ret = io_check(q, &d);
+	if (ret)
 		io_finish(io, ret);
+	else if (q->pool)
+		pool_push(q->pool, io);
+	else
+		io_run(q, io);
 }
 
 /*
@@ -291,44 +460,168 @@ unsigned int hybd__queue_drain(struct hybd_queue *q)
 	return n;
 }
 
-void *hybd__worker(void *arg)
+/* Completions posted by this worker that the kernel has not taken yet? */
+static bool uncommitted(struct hybd_queue *q)
 {
-	struct hybd_queue *q = arg;
-	struct hybd_dev *dev = q->dev;
-	struct hybd_srv_io sio;
-	int err = 0, stop, pending;
+	return hybd_read_once(&q->cq_tail) !=
+	       hybd_load_acquire(&q->hdr->cq_head);
+}
 
-	hybd_current_queue = q;
+/* HYBD_SRV_IO on the worker's queue; -ENODEV: the device is gone. */
+static int worker_io(struct hybd_queue *q, uint16_t flags)
+{
+	struct hybd_srv_io sio;
+
 	for (;;) {
-		/*
-		 * Commit, and wait unless told to stop or submissions are
-		 * already visible (another thread's commit may have made the
-		 * kernel think we saw them: never sleep on them).
-		 */
-		stop = hybd_load_acquire(&dev->stop);
-		pending = hybd_load_acquire(&q->hdr->sq_tail) != q->sq_head;
 		memset(&sio, 0, sizeof(sio));
 		sio.len = sizeof(sio);
 		sio.queue = q->id;
-		sio.flags = stop || pending ? 0 : HYBD_SRV_IO_WAIT;
-		if (ioctl(dev->srv_fd, HYBD_SRV_IO, &sio) < 0) {
+		sio.flags = flags;
+		if (ioctl(q->dev->srv_fd, HYBD_SRV_IO, &sio) >= 0)
+			return 0;
+		if (errno != EINTR)
+			return -errno;
+	}
+}
+
+/*
+ * The classic loop: commit and sleep in the kernel.  Wait only if no
+ * submission is visible already (another thread's commit may have made the
+ * kernel think we saw them: never sleep on them).
+ */
+static int worker_loop_wait(struct hybd_queue *q)
+{
+	const struct hybd_driver *drv = &q->dev->drv;
+	int stop, pending, ret;
+
+	for (;;) {
+		stop = hybd_load_acquire(&q->dev->stop);
+		pending = hybd_load_acquire(&q->hdr->sq_tail) != q->sq_head;
+		ret = worker_io(q, stop || pending ? 0 : HYBD_SRV_IO_WAIT);
+		if (ret || stop)
+			return ret;
+		if (hybd__queue_drain(q) && drv->queue_idle)
+			drv->queue_idle(q);
+	}
+}
+
+/*
+ * Event mode: HYBD_SRV_IO(ARM) commits and arms the eventfd; the worker
+ * sleeps in poll() on it and on the watched fds.  It sleeps only when an
+ * ARM found nothing new and nothing it posted since is uncommitted.
+ */
+static int worker_loop_poll(struct hybd_queue *q)
+{
+	const struct hybd_driver *drv = &q->dev->drv;
+	struct pollfd pfd[1 + HYBD_QUEUE_MAX_FDS];
+	unsigned int i, n;
+	uint64_t count;
+	int stop, ret;
+
+	for (;;) {
+		stop = hybd_load_acquire(&q->dev->stop);
+		ret = worker_io(q, stop ? 0 : HYBD_SRV_IO_ARM);
+		if (ret || stop)
+			return ret;
+		if (hybd__queue_drain(q))
+			continue;
+		if (drv->queue_idle)
+			drv->queue_idle(q);
+		if (uncommitted(q))
+			continue;
+
+		pfd[0].fd = q->efd;
+		pfd[0].events = POLLIN;
+		n = 1;
+		for (i = 0; i < q->nr_watch; i++, n++) {
+			pfd[n].fd = q->watch[i].fd;
+			pfd[n].events = POLLIN;
+		}
+		if (poll(pfd, n, -1) < 0) {
 			if (errno == EINTR)
 				continue;
-			if (errno != ENODEV)	/* ENODEV: device gone */
-				err = -errno;
-			break;
+			return hybd__err(-errno, "queue %u: poll failed", q->id);
 		}
-		if (stop)
-			break;
-		hybd__queue_drain(q);
+		if (pfd[0].revents)
+			(void)!read(q->efd, &count, sizeof(count));
+		for (i = 0; i < q->nr_watch; i++) {
+			if (pfd[1 + i].revents)
+				q->watch[i].cb(q, q->watch[i].fd,
+					       q->watch[i].arg);
+		}
 	}
+}
 
+/* Give the kernel our eventfd for this queue (event mode). */
+static int worker_set_eventfd(struct hybd_queue *q)
+{
+	struct hybd_srv_eventfd e = { .len = sizeof(e), .queue = q->id };
+
+	q->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (q->efd < 0)
+		return hybd__err(-errno, "queue %u: cannot create an eventfd",
+				 q->id);
+	e.fd = q->efd;
+	if (ioctl(q->dev->srv_fd, HYBD_SRV_SET_EVENTFD, &e) < 0)
+		return hybd__err(-errno,
+				 "queue %u: HYBD_SRV_SET_EVENTFD failed", q->id);
+	return 0;
+}
+
+/* Tell hybd_dev_start() how queue_init went (1: fine, < 0: failed). */
+static void worker_report(struct hybd_queue *q, int state)
+{
+	struct hybd_dev *dev = q->dev;
+
+	if (state < 0)
+		snprintf(q->init_msg, sizeof(q->init_msg), "%s", hybd_errmsg());
 	pthread_mutex_lock(&dev->lock);
-	if (err && !dev->worker_err)
-		dev->worker_err = err;
-	if (!--dev->nr_running)
-		pthread_cond_broadcast(&dev->cond);
+	q->init_state = state;
+	pthread_cond_broadcast(&dev->cond);
 	pthread_mutex_unlock(&dev->lock);
+}
+
+void *hybd__worker(void *arg)
+{
+	struct hybd_queue *q = arg;
+	const struct hybd_driver *drv = &q->dev->drv;
+	int err = 0;
+
+	hybd_current_queue = q;
+	if (drv->queue_init) {
+		err = drv->queue_init(q);
+		if (err > 0 || err < -4095)
+			err = -EIO;
+		if (err) {
+			hybd__err(err, "queue %u: the driver's queue_init failed",
+				  q->id);
+			goto out_report;
+		}
+	}
+	if (q->nr_watch)
+		err = worker_set_eventfd(q);
+	if (!err && q->dev->queue_threads > 1)
+		err = pool_start(q, q->dev->queue_threads);
+	if (err) {
+		if (drv->queue_exit)
+			drv->queue_exit(q);
+		goto out_report;
+	}
+	worker_report(q, 1);
+
+	err = q->nr_watch ? worker_loop_poll(q) : worker_loop_wait(q);
+	if (err == -ENODEV)	/* the device is gone: a normal end */
+		err = 0;
+
+	pool_stop(q);
+	if (drv->queue_exit)
+		drv->queue_exit(q);
+	hybd__worker_stopped(q, err);
+	return NULL;
+
+out_report:
+	worker_report(q, err);
+	hybd__worker_stopped(q, 0);
 	return NULL;
 }
 
@@ -360,4 +653,80 @@ struct hybd_dev *hybd_io_dev(const struct hybd_io *io)
 void *hybd_io_priv(const struct hybd_io *io)
 {
 	return io->q->dev->priv;
+}
+
+uint64_t hybd_io_offset(const struct hybd_io *io)
+{
+	return io->offset;
+}
+
+uint32_t hybd_io_len(const struct hybd_io *io)
+{
+	return io->len;
+}
+
+void *hybd_io_buf(const struct hybd_io *io)
+{
+	if (io->op != HYBD_OP_READ && io->op != HYBD_OP_WRITE)
+		return NULL;
+	return io->q->data + (size_t)io->tag * io->q->max_io;
+}
+
+void *hybd_io_data(const struct hybd_io *io)
+{
+	return io->data;
+}
+
+struct hybd_queue *hybd_io_hwq(const struct hybd_io *io)
+{
+	return io->q;
+}
+
+unsigned int hybd_queue_index(const struct hybd_queue *q)
+{
+	return q->id;
+}
+
+struct hybd_dev *hybd_queue_dev(const struct hybd_queue *q)
+{
+	return q->dev;
+}
+
+void hybd_queue_set_priv(struct hybd_queue *q, void *priv)
+{
+	q->priv = priv;
+}
+
+void *hybd_queue_priv(const struct hybd_queue *q)
+{
+	return q->priv;
+}
+
+int hybd_queue_watch_fd(struct hybd_queue *q, int fd, hybd_fd_cb cb,
+			void *arg)
+{
+	if (hybd_current_queue != q)
+		return hybd__err(-EINVAL,
+				 "hybd_queue_watch_fd: call it from the queue's worker (queue_init)");
+	if (fd < 0 || !cb)
+		return hybd__err(-EINVAL, "hybd_queue_watch_fd: bad fd %d or no callback",
+				 fd);
+	if (!(q->dev->features & HYBD_F_EVENTFD))
+		return hybd__err(-EOPNOTSUPP,
+				 "the hybd module cannot signal an eventfd (HYBD_F_EVENTFD): update it");
+	if (q->nr_watch == HYBD_QUEUE_MAX_FDS)
+		return hybd__err(-ENOSPC, "queue %u watches %u fds already",
+				 q->id, HYBD_QUEUE_MAX_FDS);
+	/* a watch added while serving takes effect at the next wait; the
+	 * switch to event mode happens only before serving
+	 */
+	if (q->init_state && !q->nr_watch)
+		return hybd__err(-EINVAL,
+				 "queue %u: watch the first fd from queue_init",
+				 q->id);
+	q->watch[q->nr_watch].fd = fd;
+	q->watch[q->nr_watch].cb = cb;
+	q->watch[q->nr_watch].arg = arg;
+	q->nr_watch++;
+	return 0;
 }

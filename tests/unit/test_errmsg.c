@@ -46,11 +46,12 @@ static void test_config_init(void)
 	CHECK(cfg.size == 0);
 	CHECK(cfg.logical_block_size == 4096);
 	CHECK(cfg.physical_block_size == 4096);
-	CHECK(cfg.max_io_bytes == (1U << 20));
-	CHECK(cfg.nr_queues == (cpus > 64 ? 64 : (uint32_t)cpus));
+	CHECK(cfg.max_io_bytes == (128U << 10));
+	CHECK(cfg.nr_queues == (cpus > 8 ? 8 : (uint32_t)cpus));
 	CHECK(cfg.queue_depth == 64);
-	CHECK(cfg.ops == HYBD_OPF_ALL);
+	CHECK(cfg.ops == 0);		/* from the handlers */
 	CHECK(cfg.flags == HYBD_DEV_F_WRITE_CACHE);
+	CHECK(cfg.queue_threads == 0 && cfg.io_priv_size == 0);
 	CHECK(cfg.poll_ns == 0);
 	CHECK(cfg.dev_id == -1);
 	CHECK(cfg.lib_flags == 0);
@@ -58,6 +59,88 @@ static void test_config_init(void)
 	      !cfg.max_write_zeroes_bytes);
 	for (i = 0; i < sizeof(cfg.reserved) / sizeof(cfg.reserved[0]); i++)
 		CHECK(cfg.reserved[i] == 0);
+}
+
+/*
+ * The defaults' memory: on a host with 64 CPUs (or 1024), a default device
+ * pins at most 64 MiB of data buffers, and 8 MiB per queue.
+ */
+static void test_default_memory(void)
+{
+	static const long cpus[] = { 1, 2, 3, 8, 9, 64, 1024 };
+	struct hybd_config cfg;
+	unsigned int i;
+
+	CHECK(hybd__default_queues(0) == 1 && hybd__default_queues(-1) == 1);
+	for (i = 0; i < sizeof(cpus) / sizeof(cpus[0]); i++) {
+		uint64_t per_queue, total;
+
+		hybd_config_init(&cfg);
+		cfg.nr_queues = hybd__default_queues(cpus[i]);
+		per_queue = (uint64_t)cfg.queue_depth * cfg.max_io_bytes;
+		total = per_queue * cfg.nr_queues;
+		CHECK(cfg.nr_queues >= 1 && cfg.nr_queues <= 8);
+		CHECK(cfg.nr_queues == (cpus[i] < 8 ? cpus[i] : 8));
+		CHECK(per_queue <= (8U << 20));
+		CHECK(total <= (64U << 20));
+		CHECK(total <= HYBD_MAX_DEV_BUF);
+	}
+}
+
+/* ops 0 follows the handlers; explicit ops are left alone */
+static void test_resolve_ops(void)
+{
+	static int (*const rd)(struct hybd_io *, void *, uint64_t, uint32_t) =
+		(void *)1;
+	static int (*const wr)(struct hybd_io *, const void *, uint64_t,
+			       uint32_t) = (void *)1;
+	struct hybd_driver drv = { .read = rd, .write = wr };
+	struct hybd_config cfg;
+
+	/* read and write only: no cache, nothing else */
+	hybd_config_init(&cfg);
+	CHECK(hybd__resolve_ops(&cfg, hybd__driver_ops(&drv)) == 0);
+	CHECK(cfg.ops == (HYBD_OPF_READ | HYBD_OPF_WRITE));
+	CHECK(cfg.flags == 0);
+
+	/* a flush handler brings the cache, flush and FUA */
+	drv.flush = (int (*)(struct hybd_io *))1;
+	hybd_config_init(&cfg);
+	CHECK(hybd__resolve_ops(&cfg, hybd__driver_ops(&drv)) == 0);
+	CHECK(cfg.ops == (HYBD_OPF_READ | HYBD_OPF_WRITE | HYBD_OPF_FLUSH |
+			  HYBD_OPF_FUA));
+	CHECK(cfg.flags == HYBD_DEV_F_WRITE_CACHE);
+
+	/* ...unless the cache is refused */
+	hybd_config_init(&cfg);
+	cfg.flags &= ~HYBD_DEV_F_WRITE_CACHE;
+	CHECK(hybd__resolve_ops(&cfg, hybd__driver_ops(&drv)) == 0);
+	CHECK(cfg.ops == (HYBD_OPF_READ | HYBD_OPF_WRITE));
+
+	/* discard and write-zeroes follow their handlers */
+	drv.discard = (int (*)(struct hybd_io *, uint64_t, uint32_t))1;
+	hybd_config_init(&cfg);
+	CHECK(hybd__resolve_ops(&cfg, hybd__driver_ops(&drv)) == 0);
+	CHECK(cfg.ops & HYBD_OPF_DISCARD);
+	CHECK(!(cfg.ops & HYBD_OPF_WRITE_ZEROES));
+
+	/* read-only: a write-side handler without .write offers nothing */
+	drv.write = NULL;
+	hybd_config_init(&cfg);
+	CHECK(hybd__resolve_ops(&cfg, hybd__driver_ops(&drv)) == 0);
+	CHECK(cfg.ops == HYBD_OPF_READ && cfg.flags == 0);
+
+	/* no read handler: refused */
+	drv.read = NULL;
+	hybd_config_init(&cfg);
+	CHECK(hybd__resolve_ops(&cfg, hybd__driver_ops(&drv)) == -EINVAL);
+	CHECK(!strcmp(hybd_errmsg(), "the driver has no read handler"));
+
+	/* explicit ops stay as they are (hybd_dev_create checks handlers) */
+	hybd_config_init(&cfg);
+	cfg.ops = HYBD_OPF_READ | HYBD_OPF_DISCARD;
+	CHECK(hybd__resolve_ops(&cfg, 0) == 0);
+	CHECK(cfg.ops == (HYBD_OPF_READ | HYBD_OPF_DISCARD));
 }
 
 static void test_config_to_params(void)
@@ -160,8 +243,16 @@ static void test_param_messages(void)
 
 	good_params(&p);
 	p.basic.queue_depth = 1024;
+	p.basic.max_io_bytes = 1 << 20;
 	msg_is(&p, -1, HYBD_PERR_QUEUE_BUF, -ERANGE,
 	       "queue depth 1024 x max I/O size 1048576 = 1073741824 bytes of buffers per queue: must not exceed 268435456 (256 MiB)");
+
+	good_params(&p);
+	p.basic.nr_hw_queues = 8;
+	p.basic.queue_depth = 256;
+	p.basic.max_io_bytes = 1 << 20;
+	msg_is(&p, -1, HYBD_PERR_DEV_BUF, -ERANGE,
+	       "8 queues x depth 256 x max I/O size 1048576 = 2147483648 bytes of buffers per device: must not exceed 1073741824 (1 GiB)");
 
 	good_params(&p);
 	p.basic.ops = HYBD_OPF_WRITE;
@@ -242,6 +333,8 @@ static void test_param_messages(void)
 int main(void)
 {
 	test_config_init();
+	test_default_memory();
+	test_resolve_ops();
 	test_config_to_params();
 	test_param_messages();
 

@@ -84,8 +84,11 @@ static void test_dev_create(void)
 	CHECK(!strcmp(hybd_errmsg(), NOT_LOADED));
 	CHECK(dev == (struct hybd_dev *)&drv);	/* untouched on failure */
 
-	/* checked before the control node is looked for */
+	/* by default the operations follow the handlers... */
 	drv.discard = NULL;
+	CHECK(hybd_dev_create(&cfg, &drv, NULL, &dev) == -ENOENT);
+	/* ...explicit ones need theirs: checked before the control node */
+	cfg.ops = HYBD_OPF_ALL;
 	CHECK(hybd_dev_create(&cfg, &drv, NULL, &dev) == -EINVAL);
 	CHECK(!strcmp(hybd_errmsg(),
 		      "operation discard is enabled but the driver has no discard handler"));
@@ -101,6 +104,37 @@ static void test_dev_create(void)
 	cfg.ops = HYBD_OPF_READ;
 	CHECK(hybd_dev_create(&cfg, &drv, NULL, &dev) == -EINVAL);
 	CHECK(strstr(hybd_errmsg(), "queue depth 100000") != NULL);
+
+	/* structs that grow: older callers' are shorter, newer ones' longer */
+	{
+		struct {
+			struct hybd_driver d;
+			void *newer[2];
+		} big = { .d = drv };
+
+		hybd_config_init(&cfg);
+		cfg.size = 1 << 20;
+		CHECK(hybd_dev_create_sized(&cfg, sizeof(cfg), &drv,
+					    sizeof(void *) * 4, NULL,
+					    &dev) == -EINVAL);
+		CHECK(strstr(hybd_errmsg(), "struct hybd_driver of") != NULL);
+		/* five handlers: what libhybd 1.0-1.2 callers pass */
+		CHECK(hybd_dev_create_sized(&cfg, sizeof(cfg), &drv,
+					    sizeof(void *) * 5, NULL,
+					    &dev) == -ENOENT);
+		CHECK(hybd_dev_create_sized(&cfg, sizeof(cfg), &big.d,
+					    sizeof(big), NULL, &dev) == -ENOENT);
+		big.newer[1] = &big;
+		CHECK(hybd_dev_create_sized(&cfg, sizeof(cfg), &big.d,
+					    sizeof(big), NULL, &dev) == -E2BIG);
+		CHECK(strstr(hybd_errmsg(), "does not know") != NULL);
+		CHECK(hybd_dev_create_sized(&cfg, sizeof(cfg) - 4, &drv,
+					    sizeof(drv), NULL,
+					    &dev) == -EINVAL);
+		CHECK(hybd_lib_version() ==
+		      HYBD_LIB_VERSION(HYBD_LIB_VERSION_MAJOR,
+				       HYBD_LIB_VERSION_MINOR));
+	}
 
 	CHECK(hybd_dev_create(NULL, &drv, NULL, &dev) == -EINVAL);
 	CHECK(hybd_dev_create(&cfg, NULL, NULL, &dev) == -EINVAL);
