@@ -55,7 +55,9 @@ tools: lib
 
 examples: lib
 	$(Q)$(MAKE) -C examples/ramdisk
+	$(Q)$(MAKE) -C examples/loop
 	$(Q)$(MAKE) -C tests/helpers
+	$(Q)$(MAKE) -C tests/abi
 
 bpf:
 	$(Q)$(MAKE) -C bpf
@@ -97,7 +99,9 @@ clean:
 	$(Q)$(MAKE) -C libhybd clean
 	$(Q)$(MAKE) -C tools clean
 	$(Q)$(MAKE) -C examples/ramdisk clean
+	$(Q)$(MAKE) -C examples/loop clean
 	$(Q)$(MAKE) -C tests/helpers clean
+	$(Q)$(MAKE) -C tests/abi clean
 	$(Q)$(MAKE) -C tests/unit clean
 	$(Q)$(MAKE) -C bpf clean
 	$(Q)if [ -f tests/bpf/Makefile ]; then $(MAKE) -C tests/bpf clean; fi

@@ -585,8 +585,13 @@ void *hybd__worker(void *arg)
 {
 	struct hybd_queue *q = arg;
 	const struct hybd_driver *drv = &q->dev->drv;
+	char name[16];
 	int err = 0;
 
+
+	/* "hybd3-q1": for top, gdb and the tests */
+	snprintf(name, sizeof(name), "hybd%u-q%u", q->dev->id, q->id);
+	pthread_setname_np(pthread_self(), name);
 	hybd_current_queue = q;
 	if (drv->queue_init) {
 		err = drv->queue_init(q);

@@ -4,7 +4,7 @@
 #   include $(TOP)/mk/prog.mk
 #
 # and gets "all" and "clean".  Headers that only some programs need go in
-# EXTRA_HDRS, set before the include.
+# EXTRA_HDRS, other libraries in PROG_LIBS, set before the include.
 
 include $(TOP)/mk/user.mk
 
@@ -22,7 +22,7 @@ all: $(PROGS)
 
 $(PROGS): %: %.c $(HDRS) $(LIBHYBD)
 	$(MSG) CC $(SUBDIR)/$@
-	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(LIBHYBD) $(LIBHYBD_LIBS)
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(LIBHYBD) $(LIBHYBD_LIBS) $(PROG_LIBS)
 
 # libhybd's own Makefile knows when it is out of date.
 $(LIBHYBD): FORCE

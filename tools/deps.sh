@@ -4,7 +4,7 @@
 set -eu
 
 DEB_PKGS="build-essential linux-image-6.12-amd64 linux-headers-6.12-amd64 \
-clang-14 llvm-14 libbpf-dev bpftool libelf-dev zlib1g-dev dwarves pkg-config \
+clang-14 llvm-14 libbpf-dev bpftool libelf-dev zlib1g-dev liburing-dev dwarves pkg-config \
 fio qemu-system-x86 busybox-static nbdkit nbd-client util-linux e2fsprogs \
 kmod python3-pytest python3-matplotlib python3-venv pipx udev"
 BACKPORTS_PKGS="libbpf-dev bpftool"

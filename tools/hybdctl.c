@@ -421,6 +421,7 @@ static void info_json(uint32_t id, const struct hybd_dev_info *info)
 	printf("\"max_discard_bytes\":%u,\"discard_granularity\":%u,"
 	       "\"max_write_zeroes_bytes\":%u,", d->max_discard_bytes,
 	       d->discard_granularity, d->max_write_zeroes_bytes);
+	printf("\"mem_bytes\":%" PRIu64 ",", (uint64_t)info->mem_bytes);
 	bpf_json(info);
 	printf("\"bpf_attaches\":%u,\"stats\":{", info->bpf_attaches);
 	counters_json(&info->stats);
@@ -467,6 +468,9 @@ static void info_text(uint32_t id, const struct hybd_dev_info *info)
 	printf("%-24s %u\n", "discard_granularity", d->discard_granularity);
 	printf("%-24s %u\n", "max_write_zeroes_bytes",
 	       d->max_write_zeroes_bytes);
+	printf("%-24s %" PRIu64 " (%s)\n", "mem_bytes",
+	       (uint64_t)info->mem_bytes,
+	       human_size(info->mem_bytes, hs, sizeof(hs)));
 	if (has_bpf(info))
 		printf("%-24s %.*s (link %u)\n", "bpf",
 		       (int)sizeof(info->bpf_name), info->bpf_name,

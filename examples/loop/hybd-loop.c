@@ -1,0 +1,364 @@
+// SPDX-License-Identifier: MIT
+/*
+ * hybd-loop - a block device over a file, served through io_uring: the
+ * kernel loop device, in user space, with one thread per queue.
+ *
+ *   hybd-loop [--queues N] [--depth N] [--max-io BYTES] [--buffered]
+ *             [--io-timeout SECONDS] [--id N] [--bpf PROG.bpf.o] FILE
+ *
+ * The device has FILE's size (a multiple of 4 KiB).  It prints "ready
+ * /dev/hybdN" once the disk exists and serves it until SIGINT or SIGTERM
+ * (or `hybdctl del`), then prints one line of statistics per queue:
+ *
+ *   hybd-loop: queue 0: requests=N max_inflight=M
+ *
+ * How it works: each queue's worker owns an io_uring (queue_init).  A
+ * handler turns a request into an SQE on it and returns HYBD_IO_ASYNC; when
+ * the worker has handed out every visible request it submits the batch
+ * (queue_idle), and when the ring's fd is readable it reaps the CQEs and
+ * completes the requests (hybd_queue_watch_fd).  So one thread keeps up to
+ * the queue depth in flight, and neither side costs more than one system
+ * call per batch.
+ *
+ * By default the file is opened O_DIRECT, so the page cache is not used
+ * twice (a file system on /dev/hybdN has its own); --buffered does not.
+ * Flush is fdatasync(); a FUA write is written with RWF_DSYNC; discard
+ * punches a hole; write-zeroes punches one too, or zeroes the range in
+ * place (keeping it allocated) when the request says NOUNMAP.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <liburing.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "hybd.h"
+
+struct loop {
+	int fd;
+	unsigned int depth;
+	struct hybd_bpf *fast_path;	/* --bpf */
+	const char *bpf_path;
+};
+
+/* One queue: its ring and what it has done. */
+struct loop_queue {
+	struct io_uring ring;
+	unsigned int inflight, max_inflight;
+	uint64_t requests;
+};
+
+/*
+ * Per request (hybd_io_data()): how much of a read or write is done, for
+ * short transfers, which are resubmitted for the rest.
+ */
+struct loop_req {
+	uint32_t done;
+};
+
+static struct io_uring_sqe *get_sqe(struct loop_queue *lq)
+{
+	struct io_uring_sqe *sqe = io_uring_get_sqe(&lq->ring);
+
+	/* the ring has room for a queue's depth; if not, make room */
+	if (!sqe) {
+		io_uring_submit(&lq->ring);
+		sqe = io_uring_get_sqe(&lq->ring);
+	}
+	return sqe;
+}
+
+/* Queue the (rest of the) read or write of @io; HYBD_IO_ASYNC or -errno. */
+static int queue_rw(struct hybd_io *io)
+{
+	struct loop *lo = hybd_io_priv(io);
+	struct loop_queue *lq = hybd_queue_priv(hybd_io_hwq(io));
+	struct loop_req *req = hybd_io_data(io);
+	char *buf = (char *)hybd_io_buf(io) + req->done;
+	uint64_t off = hybd_io_offset(io) + req->done;
+	uint32_t len = hybd_io_len(io) - req->done;
+	struct io_uring_sqe *sqe = get_sqe(lq);
+
+	if (!sqe)
+		return -EBUSY;
+	if (hybd_io_op(io) == HYBD_OP_READ) {
+		io_uring_prep_read(sqe, lo->fd, buf, len, off);
+	} else {
+		io_uring_prep_write(sqe, lo->fd, buf, len, off);
+		if (hybd_io_flags(io) & HYBD_IO_F_FUA)
+			sqe->rw_flags = RWF_DSYNC;
+	}
+	io_uring_sqe_set_data(sqe, io);
+	return HYBD_IO_ASYNC;
+}
+
+/* Account for a request handed to the ring. */
+static int started(struct hybd_io *io, int ret)
+{
+	struct loop_queue *lq = hybd_queue_priv(hybd_io_hwq(io));
+
+	if (ret == HYBD_IO_ASYNC) {
+		lq->requests++;
+		if (++lq->inflight > lq->max_inflight)
+			lq->max_inflight = lq->inflight;
+	}
+	return ret;
+}
+
+static int loop_read(struct hybd_io *io, void *buf, uint64_t offset,
+		     uint32_t len)
+{
+	struct loop_req *req = hybd_io_data(io);
+
+	(void)buf, (void)offset, (void)len;
+	req->done = 0;
+	return started(io, queue_rw(io));
+}
+
+static int loop_write(struct hybd_io *io, const void *buf, uint64_t offset,
+		      uint32_t len)
+{
+	return loop_read(io, (void *)buf, offset, len);
+}
+
+static int loop_flush(struct hybd_io *io)
+{
+	struct loop *lo = hybd_io_priv(io);
+	struct loop_queue *lq = hybd_queue_priv(hybd_io_hwq(io));
+	struct io_uring_sqe *sqe = get_sqe(lq);
+
+	if (!sqe)
+		return -EBUSY;
+	io_uring_prep_fsync(sqe, lo->fd, IORING_FSYNC_DATASYNC);
+	io_uring_sqe_set_data(sqe, io);
+	return started(io, HYBD_IO_ASYNC);
+}
+
+static int loop_fallocate(struct hybd_io *io, int mode, uint64_t offset,
+			  uint32_t len)
+{
+	struct loop *lo = hybd_io_priv(io);
+	struct loop_queue *lq = hybd_queue_priv(hybd_io_hwq(io));
+	struct io_uring_sqe *sqe = get_sqe(lq);
+
+	if (!sqe)
+		return -EBUSY;
+	io_uring_prep_fallocate(sqe, lo->fd, mode, offset, len);
+	io_uring_sqe_set_data(sqe, io);
+	return started(io, HYBD_IO_ASYNC);
+}
+
+static int loop_discard(struct hybd_io *io, uint64_t offset, uint32_t len)
+{
+	return loop_fallocate(io, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+			      offset, len);
+}
+
+static int loop_write_zeroes(struct hybd_io *io, uint64_t offset,
+			     uint32_t len)
+{
+	if (hybd_io_flags(io) & HYBD_IO_F_NOUNMAP)
+		return loop_fallocate(io, FALLOC_FL_ZERO_RANGE |
+				      FALLOC_FL_KEEP_SIZE, offset, len);
+	return loop_discard(io, offset, len);
+}
+
+/* The ring has completions: finish their requests (batched by libhybd). */
+static void loop_reap(struct hybd_queue *q, int fd, void *arg)
+{
+	struct loop_queue *lq = hybd_queue_priv(q);
+	struct io_uring_cqe *cqe;
+	unsigned int head, seen = 0;
+	bool resubmitted = false;
+
+	(void)fd, (void)arg;
+	io_uring_for_each_cqe(&lq->ring, head, cqe) {
+		struct hybd_io *io = io_uring_cqe_get_data(cqe);
+		enum hybd_io_op op = hybd_io_op(io);
+		struct loop_req *req = hybd_io_data(io);
+		int res = cqe->res;
+
+		seen++;
+		if (res > 0 && (op == HYBD_OP_READ || op == HYBD_OP_WRITE)) {
+			req->done += res;
+			res = 0;
+			if (req->done < hybd_io_len(io)) {
+				/* short: the rest goes out again */
+				res = queue_rw(io);
+				if (res == HYBD_IO_ASYNC) {
+					resubmitted = true;
+					continue;
+				}
+			}
+		} else if (res == 0 && op == HYBD_OP_READ) {
+			res = -EIO;	/* end of file inside the device */
+		}
+		lq->inflight--;
+		hybd_io_complete(io, res);
+	}
+	io_uring_cq_advance(&lq->ring, seen);
+	if (resubmitted)
+		io_uring_submit(&lq->ring);
+}
+
+/* Everything visible is handed out: submit it in one go. */
+static void loop_idle(struct hybd_queue *q)
+{
+	struct loop_queue *lq = hybd_queue_priv(q);
+
+	if (io_uring_sq_ready(&lq->ring))
+		io_uring_submit(&lq->ring);
+}
+
+static int loop_queue_init(struct hybd_queue *q)
+{
+	struct loop *lo = hybd_dev_priv(hybd_queue_dev(q));
+	struct loop_queue *lq = calloc(1, sizeof(*lq));
+	int ret;
+
+	if (!lq)
+		return -ENOMEM;
+	/* room for every request of the queue, and their resubmissions */
+	ret = io_uring_queue_init(2 * lo->depth, &lq->ring, 0);
+	if (ret) {
+		free(lq);
+		return ret;
+	}
+	hybd_queue_set_priv(q, lq);
+	ret = hybd_queue_watch_fd(q, lq->ring.ring_fd, loop_reap, NULL);
+	if (ret) {
+		io_uring_queue_exit(&lq->ring);
+		free(lq);
+	}
+	return ret;
+}
+
+static void loop_queue_exit(struct hybd_queue *q)
+{
+	struct loop_queue *lq = hybd_queue_priv(q);
+
+	/* the kernel failed whatever is left when the device went away;
+	 * the ring's own I/O is waited for by io_uring_queue_exit()
+	 */
+	fprintf(stderr, "hybd-loop: queue %u: requests=%" PRIu64
+		" max_inflight=%u\n", hybd_queue_index(q), lq->requests,
+		lq->max_inflight);
+	io_uring_queue_exit(&lq->ring);
+	free(lq);
+}
+
+static void loop_ready(struct hybd_dev *dev)
+{
+	struct loop *lo = hybd_dev_priv(dev);
+	int ret;
+
+	if (lo->bpf_path) {
+		ret = hybd_bpf_attach(hybd_dev_id(dev), lo->bpf_path, 0,
+				      &lo->fast_path);
+		if (ret)
+			fprintf(stderr, "hybd-loop: %s: %s\n", lo->bpf_path,
+				hybd_errmsg());
+		else
+			printf("fast path %s attached\n", lo->bpf_path);
+	}
+	printf("ready %s\n", hybd_dev_path(dev));
+	fflush(stdout);
+}
+
+static const struct hybd_driver loop_driver = {
+	.read		= loop_read,
+	.write		= loop_write,
+	.flush		= loop_flush,
+	.discard	= loop_discard,
+	.write_zeroes	= loop_write_zeroes,
+	.queue_init	= loop_queue_init,
+	.queue_exit	= loop_queue_exit,
+	.queue_idle	= loop_idle,
+	.ready		= loop_ready,
+};
+
+static const char usage[] =
+	"usage: hybd-loop [--queues N] [--depth N] [--max-io BYTES] [--buffered]\n"
+	"                 [--io-timeout SECONDS] [--id N] [--bpf PROG.bpf.o] FILE\n";
+
+static uint64_t number(const char *name, const char *s)
+{
+	uint64_t v;
+
+	if (hybd_parse_size(s, &v)) {
+		fprintf(stderr, "hybd-loop: --%s %s: %s\n", name, s,
+			hybd_errmsg());
+		exit(2);
+	}
+	return v;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "queues", required_argument, NULL, 'q' },
+		{ "depth", required_argument, NULL, 'd' },
+		{ "max-io", required_argument, NULL, 'm' },
+		{ "buffered", no_argument, NULL, 'B' },
+		{ "io-timeout", required_argument, NULL, 't' },
+		{ "id", required_argument, NULL, 'i' },
+		{ "bpf", required_argument, NULL, 'b' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	struct loop lo = { .fd = -1 };
+	struct hybd_config cfg;
+	int c, i = 0, flags = O_RDWR | O_CLOEXEC | O_DIRECT, ret;
+	struct stat st;
+
+	hybd_config_init(&cfg);
+	while ((c = getopt_long(argc, argv, "h", opts, &i)) != -1) {
+		const char *name = opts[i].name;
+
+		switch (c) {
+		case 'q': cfg.nr_queues = number(name, optarg); break;
+		case 'd': cfg.queue_depth = number(name, optarg); break;
+		case 'm': cfg.max_io_bytes = number(name, optarg); break;
+		case 'B': flags &= ~O_DIRECT; break;
+		case 't': cfg.io_timeout = number(name, optarg); break;
+		case 'i': cfg.dev_id = number(name, optarg); break;
+		case 'b': lo.bpf_path = optarg; break;
+		case 'h': fputs(usage, stdout); return 0;
+		default: fputs(usage, stderr); return 2;
+		}
+	}
+	if (optind != argc - 1) {
+		fputs(usage, stderr);
+		return 2;
+	}
+
+	lo.fd = open(argv[optind], flags);
+	if (lo.fd < 0 || fstat(lo.fd, &st)) {
+		fprintf(stderr, "hybd-loop: %s: %s\n", argv[optind],
+			strerror(errno));
+		return 1;
+	}
+	if (!S_ISREG(st.st_mode) || !st.st_size || st.st_size % 4096) {
+		fprintf(stderr, "hybd-loop: %s: not a regular file of a multiple of 4 KiB\n",
+			argv[optind]);
+		return 1;
+	}
+	cfg.size = st.st_size;
+	cfg.io_priv_size = sizeof(struct loop_req);
+	lo.depth = cfg.queue_depth;
+
+	ret = hybd_run(&cfg, &loop_driver, &lo);
+	hybd_bpf_close(lo.fast_path);
+	close(lo.fd);
+	if (ret) {
+		fprintf(stderr, "hybd-loop: %s\n", hybd_errmsg());
+		return 1;
+	}
+	return 0;
+}

@@ -1,0 +1,420 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * libhybd - write the slow path of a hybd block driver in user space.
+ *
+ * A driver fills a struct hybd_config and a struct hybd_driver (one handler
+ * per operation), creates the device, starts it and waits:
+ *
+ *	hybd_config_init(&cfg);
+ *	cfg.size = 64 << 20;
+ *	hybd_dev_create(&cfg, &my_driver, my_state, &dev);
+ *	hybd_dev_start(dev);		// /dev/hybdN exists from here on
+ *	hybd_dev_wait(dev);		// until the device is deleted
+ *	hybd_dev_delete(dev);
+ *
+ * The library runs one worker thread per hardware queue.  Each worker calls
+ * the handlers for the requests of its queue, one at a time; handlers of
+ * different queues run concurrently.
+ *
+ * Errors: every function that can fail returns a negative errno value and
+ * never sets errno.  A human-readable explanation of the last failure in the
+ * calling thread is available from hybd_errmsg().
+ */
+#ifndef LIBHYBD_HYBD_H
+#define LIBHYBD_HYBD_H
+
+#include <stdint.h>
+
+#include "uapi/hybd.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define HYBD_LIB_VERSION_MAJOR	1
+#define HYBD_LIB_VERSION_MINOR	2
+
+/* A device served by this process (opaque). */
+struct hybd_dev;
+/* One request handed to a handler (opaque). */
+struct hybd_io;
+
+/* hybd_config.lib_flags */
+#define HYBD_CFG_NO_AFFINITY	(1U << 0)	/* do not pin workers to CPUs */
+
+/*
+ * Device parameters.  Always start from hybd_config_init(); the kernel checks
+ * every value against the limits in uapi/hybd.h and hybd_errmsg() names the
+ * one it refused.
+ */
+struct hybd_config {
+	uint64_t size;			/* bytes; no default, must be set */
+	uint32_t logical_block_size;	/* bytes */
+	uint32_t physical_block_size;	/* bytes; 0: same as logical */
+	uint32_t max_io_bytes;		/* largest request, per tag buffer */
+	uint32_t nr_queues;		/* hardware queues = worker threads */
+	uint32_t queue_depth;		/* requests in flight per queue */
+	uint32_t ops;			/* HYBD_OPF_* the device accepts */
+	uint32_t flags;			/* HYBD_DEV_F_* */
+	uint32_t poll_ns;		/* worker busy-poll before sleeping */
+	int32_t dev_id;			/* wanted N of /dev/hybdN; -1: any */
+	uint32_t lib_flags;		/* HYBD_CFG_* */
+	uint32_t max_discard_bytes;	/* 0: kernel default */
+	uint32_t discard_granularity;	/* 0: logical block size */
+	uint32_t max_write_zeroes_bytes; /* 0: kernel default */
+	uint32_t io_timeout;		/* seconds a request may take; 0: none */
+	uint32_t reserved[9];		/* zero (set by hybd_config_init) */
+};
+
+/*
+ * hybd_config_init - fill @cfg with the defaults.
+ *
+ * size 0 (the caller must set it), 4 KiB logical and physical blocks, one
+ * queue per online CPU (at most HYBD_MAX_QUEUES), depth 64, 1 MiB max I/O,
+ * every operation (read, write, flush, FUA, discard, write-zeroes), a
+ * volatile write cache, no busy-polling, a 30 s I/O timeout (a request the
+ * handlers have not completed by then fails with EIO), any device id,
+ * workers pinned.
+ */
+void hybd_config_init(struct hybd_config *cfg);
+
+/*
+ * What a handler returns: 0 on success, a negative errno on failure (the
+ * request fails with an I/O error), or HYBD_IO_ASYNC when it keeps the
+ * request and completes it later with hybd_io_complete().  Any other value
+ * fails the request with -EIO.
+ */
+#define HYBD_IO_ASYNC	1
+
+/*
+ * The driver: one handler per operation.  A request for an operation whose
+ * handler is NULL fails with -EOPNOTSUPP; hybd_dev_create() refuses a
+ * config whose ops announce an operation without a handler (read needs
+ * .read, write and FUA need .write, flush needs .flush, ...).
+ *
+ * Offsets and lengths are in bytes, and the library has checked them:
+ * [offset, offset + len) lies on the device, and a read or write is 1 to
+ * max_io_bytes long (a malformed request fails with -EIO before any
+ * handler sees it).  @buf is the request's data buffer in the shared ring;
+ * it stays valid until the request is completed.  discard and write_zeroes
+ * carry no data and may be longer than max_io_bytes.  A write with
+ * HYBD_IO_F_FUA in hybd_io_flags() must be durable when it completes.
+ */
+struct hybd_driver {
+	int (*read)(struct hybd_io *io, void *buf, uint64_t offset,
+		    uint32_t len);
+	int (*write)(struct hybd_io *io, const void *buf, uint64_t offset,
+		     uint32_t len);
+	int (*flush)(struct hybd_io *io);
+	int (*discard)(struct hybd_io *io, uint64_t offset, uint32_t len);
+	int (*write_zeroes)(struct hybd_io *io, uint64_t offset, uint32_t len);
+};
+
+/*
+ * hybd_dev_create - add a device and prepare to serve it.
+ *
+ * Adds the device through /dev/hybd-control, opens its server node
+ * /dev/hybdN-srv and maps the rings of every queue.  No block device exists
+ * yet: call hybd_dev_start().  @drv is copied; @priv is returned by
+ * hybd_dev_priv() and hybd_io_priv().
+ *
+ * RETURN VALUE: 0 and *@devp set, or a negative errno (-ENOENT when the
+ * module is not loaded, -EINVAL for a parameter the kernel refused, ...).
+ */
+int hybd_dev_create(const struct hybd_config *cfg,
+		    const struct hybd_driver *drv, void *priv,
+		    struct hybd_dev **devp);
+
+/*
+ * hybd_dev_start - start the workers, then the block device.
+ *
+ * Spawns one worker thread per queue (pinned round-robin to the CPUs this
+ * process may run on, unless HYBD_CFG_NO_AFFINITY) with every signal
+ * blocked, then asks the kernel to add /dev/hybdN.  That blocks while the
+ * kernel scans the partition table, which the workers already serve.  A
+ * device is started once.
+ *
+ * RETURN VALUE: 0, or a negative errno (workers are stopped again).
+ */
+int hybd_dev_start(struct hybd_dev *dev);
+
+/*
+ * hybd_dev_stop - stop and join the workers.
+ *
+ * Requests that arrive afterwards wait until the device is deleted (then
+ * they fail).  Completions of requests a handler kept (HYBD_IO_ASYNC) are
+ * still accepted.  Use hybd_dev_delete() for an orderly shutdown.
+ *
+ * RETURN VALUE: 0, or -EINVAL if the device was never started.
+ */
+int hybd_dev_stop(struct hybd_dev *dev);
+
+/*
+ * hybd_dev_wait - wait until every worker has exited.
+ *
+ * Workers exit when the device is deleted (by hybd_ctl_del() from another
+ * thread, or `hybdctl del`), when hybd_dev_stop() is called, or on an
+ * unexpected error.  May run in another thread than the other hybd_dev_*
+ * calls, including hybd_dev_delete().
+ *
+ * RETURN VALUE: 0 if the workers exited because the device went away or
+ * was stopped, the negative errno that made a worker give up otherwise,
+ * -EINVAL if the device was never started.
+ */
+int hybd_dev_wait(struct hybd_dev *dev);
+
+/*
+ * hybd_dev_delete - delete the device and free @dev.
+ *
+ * While the workers run, this is graceful: the kernel removes /dev/hybdN,
+ * completing every outstanding request through the workers (asynchronous
+ * ones too), then the workers exit.  If that fails (-EBUSY, ...) nothing
+ * changed and @dev stays valid.
+ *
+ * If the device is not being served (never started, stopped, or workers
+ * exited), @dev is freed in every case: its rings are unmapped and the
+ * server node closed, which fails whatever is outstanding, and the return
+ * value says whether the kernel device could be deleted.  No handler may
+ * call hybd_io_complete() after that.
+ *
+ * RETURN VALUE: 0 (also when someone else deleted the device already), or a
+ * negative errno.
+ */
+int hybd_dev_delete(struct hybd_dev *dev);
+
+/* hybd_dev_id - N of /dev/hybdN.  RETURN VALUE: the id (>= 0). */
+int hybd_dev_id(const struct hybd_dev *dev);
+
+/* hybd_dev_path - RETURN VALUE: "/dev/hybdN", valid as long as @dev. */
+const char *hybd_dev_path(const struct hybd_dev *dev);
+
+/* hybd_dev_priv - RETURN VALUE: the @priv given to hybd_dev_create(). */
+void *hybd_dev_priv(const struct hybd_dev *dev);
+
+/*
+ * hybd_io_complete - complete a request a handler kept (HYBD_IO_ASYNC).
+ *
+ * @result is 0 or a negative errno.  Callable from any thread, once per
+ * request; a second call for the same request is ignored.  From a thread
+ * other than the queue's worker, the completion is handed to the kernel
+ * immediately (one system call).  @io must not be used afterwards.
+ */
+void hybd_io_complete(struct hybd_io *io, int result);
+
+/* Request accessors: valid from the handler call until completion. */
+/* RETURN VALUE: enum hybd_io_op (HYBD_OP_READ, ...). */
+enum hybd_io_op hybd_io_op(const struct hybd_io *io);
+/* RETURN VALUE: HYBD_IO_F_* (FUA, NOUNMAP, SYNC, META). */
+uint32_t hybd_io_flags(const struct hybd_io *io);
+/* RETURN VALUE: the hardware queue, 0..nr_queues-1. */
+unsigned int hybd_io_queue(const struct hybd_io *io);
+/* RETURN VALUE: the tag, 0..queue_depth-1, unique in the queue while open. */
+unsigned int hybd_io_tag(const struct hybd_io *io);
+/* RETURN VALUE: the device the request belongs to. */
+struct hybd_dev *hybd_io_dev(const struct hybd_io *io);
+/* RETURN VALUE: the device's @priv (see hybd_dev_create()). */
+void *hybd_io_priv(const struct hybd_io *io);
+
+/*
+ * Control node helpers (/dev/hybd-control), for tools and tests.  Each opens
+ * the control node for the duration of the call; -ENOENT means the module is
+ * not loaded.
+ */
+
+/* hybd_ctl_features - ABI version and HYBD_F_* bits.  RETURN VALUE: 0/-errno */
+int hybd_ctl_features(struct hybd_ctl_features *f);
+
+/*
+ * hybd_ctl_list - ids of the existing devices.
+ *
+ * Stores up to @room ids in @ids (which may be NULL if @room is 0).
+ * RETURN VALUE: the number of devices, which may exceed @room, or -errno.
+ */
+int hybd_ctl_list(uint32_t *ids, uint32_t room);
+
+/* hybd_ctl_info - state, parameters, counters.  RETURN VALUE: 0 or -errno. */
+int hybd_ctl_info(uint32_t id, struct hybd_dev_info *info);
+
+/*
+ * hybd_ctl_stats - the device's counters and latency histograms.
+ *
+ * Fills @st with the totals over all hardware queues (st->total) and the
+ * number of queues (st->nr_queues); stores up to @room per-queue entries in
+ * @queues (which may be NULL if @room is 0).  Counters only grow while the
+ * device exists; subtract two snapshots for rates.
+ * RETURN VALUE: the number of hardware queues, which may exceed @room, or
+ * -errno (-ENODEV: no such device).
+ */
+int hybd_ctl_stats(uint32_t id, struct hybd_ctl_stats *st,
+		   struct hybd_queue_stat *queues, uint32_t room);
+
+/*
+ * hybd_ctl_del - delete device @id.  A served device is drained through its
+ * server first; its workers then exit.  A server that does not complete
+ * what is outstanding holds the delete up to the device's I/O timeout.
+ * RETURN VALUE: 0 or -errno (-EINTR: a signal interrupted the wait; the
+ * delete goes on in the kernel).
+ */
+int hybd_ctl_del(uint32_t id);
+
+/*
+ * hybd_ctl_del_flags - hybd_ctl_del() with HYBD_DEL_F_* flags:
+ * HYBD_DEL_F_FORCE fails every outstanding request at once (data not yet
+ * written by the server is lost), also for a delete already under way.
+ * RETURN VALUE: 0 or -errno (-EOPNOTSUPP: a flag the kernel does not know).
+ */
+int hybd_ctl_del_flags(uint32_t id, uint32_t flags);
+
+/*
+ * hybd_ctl_add - add a device described by @cfg without serving it.  It
+ * stays in the "added" state until deleted; used to check parameters.
+ * RETURN VALUE: 0 and *@id_out set (if not NULL), or -errno.
+ */
+int hybd_ctl_add(const struct hybd_config *cfg, uint32_t *id_out);
+
+/*
+ * The BPF fast path.
+ *
+ * A fast path is a .bpf.o built against bpf/hybd.bpf.h: one struct
+ * hybd_bpf_ops (HYBD_OPS_DEFINE) and the maps its callbacks use.  Attaching
+ * opens the object, sets the ops' dev_id, loads it (the kernel's verifier
+ * checks every program) and attaches it to the device through a BPF link.
+ * Any number of programs may be loaded, one is attached per device.
+ *
+ * The program lives as long as its link: by default that is the
+ * struct hybd_bpf handle (hybd_bpf_close() or the process's exit detaches
+ * it).  With HYBD_BPF_F_PIN the link and the maps are pinned under
+ * /sys/fs/bpf/hybd/<id>/ (link, maps/<name>) and outlive the process, which
+ * is what `hybdctl attach` does; bpffs is mounted there if it is not.
+ *
+ * A failed load leaves the verifier's verdict in hybd_errmsg(): a first
+ * line naming the program refused and the verifier's reason, then libbpf's
+ * messages with the end of the verifier log (its start is cut if the whole
+ * does not fit in the message's 4 KiB).
+ */
+
+/* A loaded fast path and its link (opaque). */
+struct hybd_bpf;
+
+/* hybd_bpf_attach() flags */
+/* pin link and maps under /sys/fs/bpf/hybd/<id>/: they outlive the process */
+#define HYBD_BPF_F_PIN		(1U << 0)
+/*
+ * with HYBD_BPF_F_PIN: swap the new program into the device's pinned link
+ * atomically (bpf_link_update: every request sees the old program or the
+ * new one, none is lost).  -ENOENT if the device has no pinned program.
+ */
+#define HYBD_BPF_F_REPLACE	(1U << 1)
+
+/*
+ * hybd_bpf_attach - load @path and attach it to device @dev_id.
+ *
+ * @flags: HYBD_BPF_F_*.  Checks first that the module is loaded, offers
+ * HYBD_F_BPF and has BTF (else "kernel too old", "no BTF for the hybd
+ * module", ...).  On success *@bp is a handle for the maps and for
+ * hybd_bpf_replace(), hybd_bpf_detach() and hybd_bpf_close().
+ *
+ * RETURN VALUE: 0, or -errno: -ENOENT (module not loaded, no such file,
+ * nothing to replace), -ENODEV (no such device), -EBUSY (the device has a
+ * fast path already, or one that is not pinned and cannot be replaced),
+ * -EACCES or -EINVAL (the verifier refused a program: see hybd_errmsg()),
+ * -EOPNOTSUPP (no BPF support in this kernel or module).
+ */
+int hybd_bpf_attach(uint32_t dev_id, const char *path, unsigned int flags,
+		    struct hybd_bpf **bp);
+
+/*
+ * hybd_bpf_replace - swap the program of @b's link for the one in @path,
+ * atomically (requests see the old program or the new one).  The old
+ * program's maps are dropped (pinned ones are replaced by the new ones).
+ * RETURN VALUE: 0, or -errno (@b unchanged, the old program still runs).
+ */
+int hybd_bpf_replace(struct hybd_bpf *b, const char *path);
+
+/*
+ * hybd_bpf_detach - detach @b's program and free @b, pinned or not.  The
+ * kernel stops calling the program before this returns.
+ * RETURN VALUE: 0, or -errno (@b is freed in every case).
+ */
+int hybd_bpf_detach(struct hybd_bpf *b);
+
+/*
+ * hybd_bpf_close - free @b.  An unpinned program is detached with it; a
+ * pinned one stays attached (hybd_bpf_detach_pinned() removes it).
+ */
+void hybd_bpf_close(struct hybd_bpf *b);
+
+/*
+ * hybd_bpf_detach_pinned - remove the pinned fast path of device @dev_id
+ * (what `hybdctl detach` does), from any process.  Returns once the kernel
+ * has stopped calling the program (or after a few seconds).
+ * RETURN VALUE: 0, or -ENOENT if the device has no fast path (a pin left
+ * from an earlier device with that id is removed too), -EBUSY if its fast
+ * path is not pinned (the process that attached it holds it), -ENODEV if
+ * there is no such device, -errno.
+ */
+int hybd_bpf_detach_pinned(uint32_t dev_id);
+
+/*
+ * hybd_bpf_map_fd - fd of the program's map @name (as in the .bpf.c), for
+ * bpf_map_lookup_elem() & co.: the slow path shares state with the fast
+ * path this way.  The fd belongs to @b: do not close it.
+ * RETURN VALUE: the fd, or -ENOENT.
+ */
+int hybd_bpf_map_fd(struct hybd_bpf *b, const char *name);
+
+/*
+ * hybd_bpf_map_open_pinned - open the map @name of the fast path pinned
+ * for device @dev_id (HYBD_BPF_F_PIN), from any process.
+ * RETURN VALUE: a new fd, which the caller closes, or -errno.
+ */
+int hybd_bpf_map_open_pinned(uint32_t dev_id, const char *name);
+
+/*
+ * Parsing helpers for command lines.
+ */
+
+/*
+ * hybd_parse_dev - parse "/dev/hybd3", "hybd3" or "3".
+ * RETURN VALUE: 0 and *@id set, -EINVAL if malformed, -ERANGE if the id is
+ * not below HYBD_MAX_DEVICES.
+ */
+int hybd_parse_dev(const char *s, uint32_t *id);
+
+/*
+ * hybd_parse_size - parse a byte count: decimal digits with an optional
+ * binary suffix K, M, G or T (any case, optionally followed by "iB").
+ * RETURN VALUE: 0 and *@bytes set, -EINVAL if malformed, -ERANGE on
+ * overflow.
+ */
+int hybd_parse_size(const char *s, uint64_t *bytes);
+
+/*
+ * hybd_parse_ops - parse a comma-separated list of operation names (see
+ * hybd_opf_name(); "write_zeroes" is accepted too) into HYBD_OPF_* bits.
+ * An empty string gives 0.  RETURN VALUE: 0 and *@ops set, or -EINVAL.
+ */
+int hybd_parse_ops(const char *s, uint32_t *ops);
+
+/*
+ * hybd_opf_name - name of one HYBD_OPF_* bit: "read", "write", "flush",
+ * "fua", "discard" or "write-zeroes".  RETURN VALUE: the name, or NULL if
+ * @opf is not exactly one known bit.
+ */
+const char *hybd_opf_name(uint32_t opf);
+
+/*
+ * hybd_errmsg - what went wrong in the last failed hybd_* call of the
+ * calling thread, e.g. "logical block size 1000: must be a power of two
+ * between 512 and 4096".  Does not include strerror() of the errno.
+ * One line, but after a failed BPF load, where the lines after the first
+ * carry libbpf's and the verifier's messages.
+ * RETURN VALUE: a thread-local string, overwritten by the next failure.
+ */
+const char *hybd_errmsg(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LIBHYBD_HYBD_H */

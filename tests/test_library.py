@@ -1,0 +1,239 @@
+# SPDX-License-Identifier: GPL-2.0
+"""libhybd as real drivers use it: operations that follow the handlers,
+hybd_run(), the thread pool, worker placement, an io_uring backend served
+by one thread per queue (examples/loop), the ABI of an older hybd.h, and
+what a device's memory costs."""
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from hybdlib import (REPO, assert_data, direct_read, direct_write, fio,
+                     hybdctl, hybdctl_json, need_built, pattern, run,
+                     sysfs_queue)
+
+SLOWDRV = REPO / "tests" / "helpers" / "slowdrv"
+LOOP = REPO / "examples" / "loop" / "hybd-loop"
+OLD = REPO / "tests" / "abi" / "old-ramdisk"
+MiB = 1 << 20
+
+
+@pytest.fixture
+def slowdrv(servers):
+    def start(*args):
+        need_built(SLOWDRV, "tests/helpers/slowdrv")
+        return servers.start([SLOWDRV, *args])
+    return start
+
+
+@pytest.fixture
+def backing(tmp_path):
+    """A sparse backing file (tmpfs in the guest: O_DIRECT and hole
+    punching work there since Linux 6.6)."""
+    def make(size):
+        path = tmp_path / f"backing-{size}.img"
+        with open(path, "wb") as f:
+            f.truncate(size)
+        return path
+    return make
+
+
+def final_line(srv, prefix):
+    for line in srv.out + srv.err:
+        if line.startswith(prefix):
+            return line
+    raise AssertionError(f"no '{prefix}' line\n{srv.output()}")
+
+
+def slow_counters(srv):
+    m = re.search(r"requests=(\d+) max_concurrent=(\d+) exit=(-?\d+)",
+                  final_line(srv, "slowdrv:"))
+    return int(m.group(1)), int(m.group(2)), int(m.group(3))
+
+
+def loop_queue_stats(srv):
+    stats = {}
+    for line in srv.err:
+        m = re.match(r"hybd-loop: queue (\d+): requests=(\d+) max_inflight=(\d+)",
+                     line)
+        if m:
+            stats[int(m.group(1))] = (int(m.group(2)), int(m.group(3)))
+    return stats
+
+
+# ------------------------------------------- operations follow the handlers
+
+def test_read_write_only_driver_gets_a_device_without_write_cache(slowdrv):
+    srv = slowdrv("--size", str(16 * MiB))
+    inf = hybdctl_json("info", srv.dev)
+    assert sorted(inf["ops"]) == ["read", "write"], inf
+    assert inf["write_cache"] is False
+    # no .flush: the kernel must treat every completed write as durable
+    assert sysfs_queue(srv.dev, "write_cache") == "write through"
+    data = pattern("rw-only", 256 << 10)
+    direct_write(srv.dev, 4 * MiB, data)
+    assert_data(srv.dev, 4 * MiB, data)
+    # discard was not offered: the block layer refuses it up front
+    assert sysfs_queue(srv.dev, "discard_max_bytes") == "0"
+    # SIGTERM: hybd_run() deletes the device and returns 0
+    srv.stop()
+    requests, _, rc = slow_counters(srv)
+    assert rc == 0 and requests >= 2
+    assert not os.path.exists(srv.dev)
+
+
+def test_hybd_run_returns_when_the_device_is_deleted_from_outside(slowdrv):
+    srv = slowdrv()
+    rc, _, err = hybdctl("del", srv.dev)
+    assert rc == 0, err
+    assert srv.wait() == 0, srv.output()
+    assert slow_counters(srv)[2] == 0
+
+
+# --------------------------------------------------------------- thread pool
+
+@pytest.mark.parametrize("threads,want", [(8, 8), (0, 1)])
+def test_blocking_handlers_in_flight_per_queue(slowdrv, threads, want):
+    """One queue, handlers that sleep 40 ms, fio at QD16: a pool of 8
+    threads runs 8 of them at once; without a pool the worker runs one."""
+    srv = slowdrv("--queues", "1", "--threads", str(threads),
+                  "--delay-ms", "40")
+    rc, data, res = fio(["--name=pool", f"--filename={srv.dev}",
+                         "--rw=randread", "--bs=4k", "--direct=1",
+                         "--ioengine=libaio", "--iodepth=16", "--runtime=4",
+                         "--time_based", "--size=8M"])
+    assert rc == 0, res.stderr
+    srv.stop()
+    requests, max_concurrent, _ = slow_counters(srv)
+    assert max_concurrent == want, (requests, max_concurrent)
+    # 4 s of 40 ms requests: a pool of 8 serves several times more
+    assert requests >= (40 if threads else 10)
+
+
+# ------------------------------------------------------------ worker placing
+
+def test_workers_sit_on_the_cpus_blk_mq_maps_to_their_queue(slowdrv):
+    ncpu = os.cpu_count()
+    srv = slowdrv("--queues", str(ncpu))
+    name = os.path.basename(srv.dev)
+    nq = len(os.listdir(f"/sys/block/{name}/mq"))
+    assert nq == ncpu
+    reported = {}
+    for line in srv.out:
+        m = re.match(r"queue (\d+) cpus ([\d,]*)$", line.strip())
+        if m:
+            reported[int(m.group(1))] = m.group(2)
+    for q in range(nq):
+        sysfs = Path(f"/sys/block/{name}/mq/{q}/cpu_list").read_text().strip()
+        want = ",".join(str(c) for c in expand_cpu_list(sysfs))
+        assert reported.get(q) == want, (q, reported, sysfs)
+    # each worker thread (hybdN-qM) is pinned to its queue's CPUs
+    seen = {}
+    for tid in os.listdir(f"/proc/{srv.pid}/task"):
+        comm = Path(f"/proc/{srv.pid}/task/{tid}/comm").read_text().strip()
+        m = re.match(rf"{name}-q(\d+)$", comm)
+        if not m:
+            continue
+        status = Path(f"/proc/{srv.pid}/task/{tid}/status").read_text()
+        allowed = re.search(r"^Cpus_allowed_list:\s*(\S+)$", status, re.M)
+        seen[int(m.group(1))] = ",".join(
+            str(c) for c in expand_cpu_list(allowed.group(1)))
+    assert seen == reported, (seen, reported)
+    srv.stop()
+
+
+def expand_cpu_list(text):
+    cpus = []
+    for part in text.split(","):
+        if "-" in part:
+            lo, hi = part.split("-")
+            cpus += range(int(lo), int(hi) + 1)
+        elif part:
+            cpus.append(int(part))
+    return cpus
+
+
+# ----------------------------------------------------- io_uring: examples/loop
+
+def test_loop_over_io_uring_passes_fio_verify_at_qd32_from_one_worker(
+        servers, backing):
+    need_built(LOOP, "examples/loop/hybd-loop")
+    img = backing(128 * MiB)
+    srv = servers.start([LOOP, "--queues", "1", str(img)])
+    rc, data, res = fio(["--name=verify", f"--filename={srv.dev}",
+                         "--rw=randwrite", "--bs=4k", "--direct=1",
+                         "--ioengine=libaio", "--iodepth=32", "--size=64M",
+                         "--verify=crc32c", "--verify_fatal=1",
+                         "--do_verify=1", "--randrepeat=0"])
+    assert rc == 0, res.stdout[-2000:] + res.stderr
+    job = data["jobs"][0]
+    assert job["error"] == 0
+    assert job["write"]["io_bytes"] == 64 * MiB
+    # what the device holds is in the file, byte for byte
+    probe = pattern("loop-probe", 1 * MiB)
+    direct_write(srv.dev, 96 * MiB, probe)
+    srv.stop()
+    with open(img, "rb") as f:
+        f.seek(96 * MiB)
+        assert f.read(MiB) == probe
+    stats = loop_queue_stats(srv)
+    assert list(stats) == [0]
+    requests, max_inflight = stats[0]
+    assert requests >= 2 * 16384, stats        # the writes and the verify
+    assert max_inflight >= 16, stats
+
+
+def test_loop_flush_discard_and_write_zeroes_reach_the_file(servers, backing):
+    need_built(LOOP, "examples/loop/hybd-loop")
+    img = backing(32 * MiB)
+    srv = servers.start([LOOP, "--queues", "2", str(img)])
+    data = pattern("loop-discard", 8 * MiB)
+    direct_write(srv.dev, 8 * MiB, data)
+    with open(srv.dev, "rb+") as f:
+        os.fsync(f.fileno())                   # a flush: fdatasync
+    blocks_before = os.stat(img).st_blocks
+    run(["blkdiscard", "-o", str(8 * MiB), "-l", str(4 * MiB), srv.dev],
+        check=True)
+    run(["blkdiscard", "-z", "-o", str(12 * MiB), "-l", str(2 * MiB),
+         srv.dev], check=True)
+    assert direct_read(srv.dev, 8 * MiB, 6 * MiB) == bytes(6 * MiB)
+    assert_data(srv.dev, 14 * MiB, data[6 * MiB:])
+    srv.stop()
+    # the discarded range is a hole in the file now
+    assert os.stat(img).st_blocks < blocks_before - (4 * MiB) // 512 + 8
+    with open(img, "rb") as f:
+        f.seek(8 * MiB)
+        assert f.read(6 * MiB) == bytes(6 * MiB)
+
+
+# ----------------------------------------------------------------------- ABI
+
+def test_a_binary_built_against_the_1_2_header_still_runs(servers):
+    need_built(OLD, "tests/abi/old-ramdisk")
+    res = run(["objdump", "-T", str(OLD)], check=True)
+    assert re.search(r"\(LIBHYBD_1\.0\)\s+hybd_dev_create$", res.stdout, re.M), \
+        res.stdout
+    srv = servers.start([OLD])
+    data = pattern("abi", 1 * MiB)
+    direct_write(srv.dev, 0, data)
+    assert_data(srv.dev, 0, data)
+    srv.stop()
+    assert "old-ramdisk: done 0" in "".join(srv.out)
+
+
+# -------------------------------------------------------------------- memory
+
+def test_info_reports_the_memory_a_default_device_pins(added_devices):
+    rc, out, err = hybdctl("add", "--size", "64M", "--queues", "64")
+    assert rc == 0, err
+    dev_id = int(out.strip())
+    added_devices.append(dev_id)
+    p = inf = hybdctl_json("info", str(dev_id))
+    # blk-mq gives at most one queue per CPU; the buffers are depth x
+    # max_io per queue, plus the rings and descriptors
+    assert p["nr_hw_queues"] == min(64, os.cpu_count())
+    data = p["nr_hw_queues"] * p["queue_depth"] * p["max_io_bytes"]
+    assert data <= 64 * MiB
+    assert data <= inf["mem_bytes"] <= data + p["nr_hw_queues"] * 64 * 1024
