@@ -14,6 +14,9 @@ ratios:
   cache        hybd ramdisk + cache.bpf.o, warm: 100% fast-path hits
   zero         hybd ramdisk + zero.bpf.o, warm, never-written blocks
   poll         hybd ramdisk, no program, --poll-ns 50000 (bounded polling)
+  kloop        the kernel loop device over a file (direct I/O)
+  hloop        examples/loop (hybd-loop) over the same kind of file: one
+               io_uring per queue, O_DIRECT
 
 Each line is measured at QD1 (psync: mean, p50, p99, p99.9 completion
 latency) and QD32 (io_uring: IOPS), --samples times, the lines interleaved
@@ -53,6 +56,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 HYBDCTL = REPO / "tools" / "hybdctl"
 RAMDISK = REPO / "examples" / "ramdisk" / "ramdisk"
+LOOP = REPO / "examples" / "loop" / "hybd-loop"
 BPF_DIR = REPO / "bpf"
 CONTROL = "/dev/hybd-control"
 KMOD = Path(os.environ.get("HYBD_KMOD", REPO / "kmod" / "hybd.ko"))
@@ -78,6 +82,10 @@ LINES = {
              dict(prog="zero", data=False, poll_ns=0, fast=True)),
     "poll": ("hybd, poll 50 us",
              dict(prog=None, data=True, poll_ns=50000, fast=False)),
+    "kloop": ("kernel loop (file)", None),
+    "hloop": ("hybd-loop (file)",
+              dict(prog=None, data=True, poll_ns=0, fast=False,
+                   server="loop")),
 }
 MODES = ("qd1", "qd32")
 
@@ -240,10 +248,11 @@ def fast_share(before, after):
 # ---------------------------------------------------------------- servers ---
 
 class Ramdisk:
-    """examples/ramdisk serving one /dev/hybdN until stop()."""
+    """examples/ramdisk (or another server printing "ready /dev/hybdN",
+    such as examples/loop) serving one /dev/hybdN until stop()."""
 
-    def __init__(self, args):
-        self.cmd = [str(RAMDISK), *args]
+    def __init__(self, args, exe=RAMDISK):
+        self.cmd = [str(exe), *args]
         self.out = []
         self.dev = None
         self._ready = threading.Event()
@@ -425,15 +434,45 @@ def ensure_hybd(ctx):
             raise BenchError(f"{path} is not built ({what}): run make")
 
 
+def backing_file(ctx, name):
+    """A file of --ramdisk-size bytes for the file-backed lines (in the
+    guest, /tmp is tmpfs: no disk under either loop, only the path)."""
+    path = os.path.join(ctx.tmp, name)
+    with open(path, "wb") as f:
+        f.truncate(ctx.args.ramdisk_size)
+    return path
+
+
+def setup_kloop(line, ctx):
+    if not module_loaded("loop"):
+        run(["modprobe", "loop"])
+        ctx.cleanup.push("rmmod loop", run, ["modprobe", "-r", "loop"])
+        wait_until(lambda: os.path.exists("/dev/loop-control"), 10,
+                   "/dev/loop-control")
+    path = backing_file(ctx, "kloop.img")
+    dev = run(["losetup", "--find", "--show", "--direct-io=on",
+               path]).stdout.strip()
+    ctx.cleanup.push(f"losetup -d {dev}", run, ["losetup", "-d", dev])
+    dio = Path(f"/sys/block/{os.path.basename(dev)}/loop/dio")
+    fill_region(dev, ctx.args.region)
+    line.dev = dev
+    line.info = {"backing": path, "dio": read_text(str(dio)).strip()}
+
+
 def setup_hybd(line, ctx):
     spec = line.hybd
-    args = ["--size", str(ctx.args.ramdisk_size),
-            # 4 KiB requests only: small per-tag buffers keep ring memory low
-            # with one ramdisk per line
-            "--max-io", "128K"]
-    if spec["poll_ns"]:
-        args += ["--poll-ns", str(spec["poll_ns"])]
-    server = Ramdisk(args)
+    # 4 KiB requests only: small per-tag buffers keep ring memory low with
+    # one ramdisk per line
+    args = ["--max-io", "128K"]
+    if spec.get("server") == "loop":
+        if not os.access(LOOP, os.X_OK):
+            raise BenchError(f"{LOOP} is not built (make examples)")
+        server = Ramdisk([*args, backing_file(ctx, "hloop.img")], exe=LOOP)
+    else:
+        args += ["--size", str(ctx.args.ramdisk_size)]
+        if spec["poll_ns"]:
+            args += ["--poll-ns", str(spec["poll_ns"])]
+        server = Ramdisk(args)
     ctx.cleanup.push("stop the ramdisk", server.stop)
     server.wait_ready()
     line.dev = server.dev
@@ -460,7 +499,7 @@ def setup_hybd(line, ctx):
                 "reads were served by the fast path")
 
 
-SETUP = {"nullblk": setup_nullblk, "nbd": setup_nbd}
+SETUP = {"nullblk": setup_nullblk, "nbd": setup_nbd, "kloop": setup_kloop}
 
 
 def no_scheduler(dev):
@@ -637,6 +676,11 @@ def print_table(lines, summary, targets, args):
               f" | {fast:>6}")
     print("(/null, /noprog: this line's median over the reference's; "
           "for latency lower is better, for IOPS higher)")
+    kl, hl = summary.get("kloop"), summary.get("hloop")
+    if kl and hl:
+        print(f"hybd-loop / kernel loop: QD1 mean "
+              f"{rat(ratio(hl['mean_us'], kl['mean_us'])).strip()}, "
+              f"QD32 IOPS {rat(ratio(hl['qd32_iops'], kl['qd32_iops'])).strip()}")
     print()
     print("targets:")
     for t in targets:
