@@ -13,7 +13,7 @@
  * copies; a hit copies, then checks the count did not move, and falls back
  * to the slow path if it did (which overwrites the copied bytes).
  */
-#include "hybd.bpf.h"
+#include "hybd_versions.bpf.h"
 
 char LICENSE[] SEC("license") = "GPL";
 

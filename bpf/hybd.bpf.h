@@ -48,10 +48,11 @@
  * sets .dev_id.
  *
  * Consistency: a program that caches read data must never serve data that
- * an overlapping write has replaced.  The versions below make the correct
- * pattern short: bump on every write's submit AND complete, stamp a read
- * at submit (io->scratch), and keep the read's data only if the block's
- * version still equals the stamp at complete.  See cache.bpf.c.
+ * an overlapping write has replaced.  The versions of hybd_versions.bpf.h
+ * make the correct pattern short: bump on every write's submit AND
+ * complete, stamp a read at submit (io->scratch), and keep the read's data
+ * only if the block's version still equals the stamp at complete.  See
+ * cache.bpf.c.
  */
 #ifndef __HYBD_BPF_H
 #define __HYBD_BPF_H
@@ -142,76 +143,28 @@ static __always_inline bool hybd_io_one_block(const struct hybd_bpf_io *io,
 	return true;
 }
 
-/* ---- per-block versions (include once per program) ---- */
-
-#ifndef HYBD_VER_BLOCKS
-#define HYBD_VER_BLOCKS		(1U << 18)	/* tracks the first 1 GiB */
-#endif
-
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, HYBD_VER_BLOCKS);
-	__type(key, __u32);
-	__type(value, __u64);
-} hybd_versions SEC(".maps");
-
-/* A block's version slot, or NULL past the tracked range. */
-static __always_inline __u64 *hybd_ver_slot(__u64 blk)
-{
-	__u32 key = blk;
-
-	if (blk >= HYBD_VER_BLOCKS)
-		return NULL;
-	return bpf_map_lookup_elem(&hybd_versions, &key);
-}
-
-struct hybd_ver_range {
-	__u64 first;
-};
-
-static long hybd_ver_bump_one(__u64 i, void *ctx)
-{
-	struct hybd_ver_range *r = ctx;
-	__u64 *v = hybd_ver_slot(r->first + i);
-
-	if (v)
-		hybd_atomic_fetch_add(v, 1);
-	return 0;
-}
+/* ---- sized at load from the device ---- */
 
 /*
- * Call from BOTH submit() and complete() for every request that changes
- * data.  Two bumps bracket the write: a read stamped before or during it
- * sees a different version when it completes and is not cached.
+ * The device's size in 4 KiB blocks (rounded up), set by libhybd's loader
+ * before the program is loaded (0 if another loader loaded it).
  */
-static __always_inline void hybd_ver_bump(const struct hybd_bpf_io *io)
-{
-	struct hybd_ver_range r;
-	__u64 count;
-
-	hybd_io_blocks(io, &r.first, &count);
-	if (r.first >= HYBD_VER_BLOCKS)
-		return;
-	if (count > HYBD_VER_BLOCKS - r.first)
-		count = HYBD_VER_BLOCKS - r.first;
-	bpf_loop(count, hybd_ver_bump_one, &r, 0);
-}
+const volatile __u64 hybd_dev_blocks;
 
 /*
- * A stamp for io->scratch: the block's version + 1 (0 means "no stamp").
- * Returns 0 past the tracked range.
+ * A map declared HYBD_PER_BLOCK (an ARRAY) gets one entry per 4 KiB block
+ * of the device, at most the max_entries it declares (its cap), when
+ * libhybd loads it:
+ *
+ *	struct {
+ *		__uint(type, BPF_MAP_TYPE_ARRAY);
+ *		__uint(max_entries, 1 << 22);	// cap: 16 GiB of blocks
+ *		__type(key, __u32);
+ *		__type(value, __u64);
+ *	} my_blocks SEC(".maps") HYBD_PER_BLOCK;
+ *
+ * A lookup past its end returns NULL: treat that as "unknown".
  */
-static __always_inline __u64 hybd_ver_stamp(__u64 blk)
-{
-	__u64 *v = hybd_ver_slot(blk);
-
-	return v ? *v + 1 : 0;
-}
-
-/* True if nothing changed the block since @stamp was taken. */
-static __always_inline bool hybd_ver_unchanged(__u64 blk, __u64 stamp)
-{
-	return stamp && hybd_ver_stamp(blk) == stamp;
-}
+#define HYBD_PER_BLOCK	__attribute__((btf_decl_tag("hybd:per_block")))
 
 #endif /* __HYBD_BPF_H */

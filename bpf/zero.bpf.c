@@ -9,25 +9,28 @@
  * "version + 1 at which the block was zero", so a stale mark can never be
  * served after a write.
  */
-#include "hybd.bpf.h"
+#include "hybd_versions.bpf.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
 #define ZERO_MAX_BLOCKS	256	/* 1 MiB: the largest read served here */
 
+/* one stamp per block, for devices up to 4 GiB; beyond, blocks are
+ * never known to be zero
+ */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, HYBD_VER_BLOCKS);
+	__uint(max_entries, 1U << 20);
 	__type(key, __u32);
 	__type(value, __u64);
-} zero_known SEC(".maps");
+} zero_known SEC(".maps") HYBD_PER_BLOCK;
 
 static __always_inline bool zero_block_known(__u64 blk)
 {
 	__u32 key = blk;
 	__u64 *known;
 
-	if (blk >= HYBD_VER_BLOCKS)
+	if (blk > 0xffffffffULL)
 		return false;
 	known = bpf_map_lookup_elem(&zero_known, &key);
 	return known && *known && *known == hybd_ver_stamp(blk);

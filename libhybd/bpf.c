@@ -10,6 +10,7 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -30,6 +31,9 @@
 #include "hybd_internal.h"
 
 #define BPFFS		"/sys/fs/bpf"
+/* hybd.bpf.h's HYBD_PER_BLOCK, and the block it counts in */
+#define HYBD_PER_BLOCK_TAG	"hybd:per_block"
+#define HYBD_BPF_BLOCK		4096
 #define BPFFS_MAGIC	0xcafe4a11
 #define HYBD_PIN_DIR	BPFFS "/hybd"
 #define HYBD_BTF_PATH	"/sys/kernel/btf/hybd"
@@ -404,6 +408,167 @@ static bool is_hybd_ops(const struct bpf_object *obj,
 	return name && !strcmp(name, HYBD_OPS_TYPE);
 }
 
+/* Is map @name tagged HYBD_PER_BLOCK in @btf? */
+static bool is_per_block(const struct btf *btf, const char *name)
+{
+	unsigned int i, n = btf__type_cnt(btf);
+
+	for (i = 1; i < n; i++) {
+		const struct btf_type *t = btf__type_by_id(btf, i), *v;
+
+		if (!btf_is_decl_tag(t) || btf_decl_tag(t)->component_idx != -1)
+			continue;
+		if (strcmp(btf__name_by_offset(btf, t->name_off),
+			   HYBD_PER_BLOCK_TAG))
+			continue;
+		v = btf__type_by_id(btf, t->type);
+		if (v && btf_is_var(v) &&
+		    !strcmp(btf__name_by_offset(btf, v->name_off), name))
+			return true;
+	}
+	return false;
+}
+
+/* Set the .rodata variable @var (a __u64) of @obj to @val, if it has one. */
+static void set_rodata_u64(struct bpf_object *obj, const char *var,
+			   uint64_t val)
+{
+	const struct btf *btf = bpf_object__btf(obj);
+	const struct btf_var_secinfo *vs;
+	const struct btf_type *sec;
+	struct bpf_map *map;
+	unsigned int i;
+	size_t size;
+	char *data;
+	int id;
+
+	if (!btf)
+		return;
+	id = btf__find_by_name_kind(btf, ".rodata", BTF_KIND_DATASEC);
+	if (id < 0)
+		return;
+	sec = btf__type_by_id(btf, id);
+	bpf_object__for_each_map(map, obj) {
+		const char *name = bpf_map__name(map);
+		size_t len = strlen(name);
+
+		if (!bpf_map__is_internal(map) || len < 7 ||
+		    strcmp(name + len - 7, ".rodata"))
+			continue;
+		data = bpf_map__initial_value(map, &size);
+		if (!data)
+			return;
+		vs = btf_var_secinfos(sec);
+		for (i = 0; i < btf_vlen(sec); i++, vs++) {
+			const struct btf_type *v = btf__type_by_id(btf, vs->type);
+
+			if (strcmp(btf__name_by_offset(btf, v->name_off), var) ||
+			    vs->size != sizeof(val) ||
+			    vs->offset + sizeof(val) > size)
+				continue;
+			memcpy(data + vs->offset, &val, sizeof(val));
+		}
+		return;
+	}
+}
+
+/*
+ * Size @obj for device @dev_id (hybd.bpf.h): hybd_dev_blocks, and each
+ * HYBD_PER_BLOCK map to one entry per block, capped at what it declares.
+ */
+static int hybd_bpf_size_maps(struct bpf_object *obj, uint32_t dev_id,
+			      const char *path)
+{
+	const struct btf *btf = bpf_object__btf(obj);
+	struct hybd_dev_info info;
+	struct bpf_map *map;
+	uint64_t blocks;
+	int ret;
+
+	ret = hybd_ctl_info(dev_id, &info);
+	if (ret)
+		return ret;
+	blocks = (info.params.basic.dev_size + HYBD_BPF_BLOCK - 1) /
+		 HYBD_BPF_BLOCK;
+	set_rodata_u64(obj, "hybd_dev_blocks", blocks);
+	if (!btf)
+		return 0;
+	bpf_object__for_each_map(map, obj) {
+		uint32_t cap = bpf_map__max_entries(map);
+
+		if (!is_per_block(btf, bpf_map__name(map)))
+			continue;
+		if (bpf_map__type(map) != BPF_MAP_TYPE_ARRAY)
+			return hybd__err(-EINVAL,
+					 "%s: map %s is HYBD_PER_BLOCK but not an array",
+					 path, bpf_map__name(map));
+		ret = bpf_map__set_max_entries(map, blocks < cap ?
+					       (uint32_t)(blocks ? blocks : 1) :
+					       cap);
+		if (ret)
+			return hybd__err(ret, "%s: cannot size map %s", path,
+					 bpf_map__name(map));
+	}
+	return 0;
+}
+
+/*
+ * An atomic replace hands the new program the maps of the old one that
+ * have the same name and shape (type, key and value size, entries,
+ * flags): every request was seen by one program or the other, so their
+ * state is still true, and the slow path's fds to them stay valid.  @old
+ * gives the old program's fd for a name (-errno if none; we close it).
+ */
+static void hybd_bpf_reuse_maps(struct bpf_object *obj,
+				int (*old)(void *ctx, const char *name),
+				void *ctx)
+{
+	struct bpf_map_info info;
+	uint32_t len;
+	struct bpf_map *map;
+	int fd;
+
+	bpf_object__for_each_map(map, obj) {
+		if (bpf_map__is_internal(map) ||
+		    bpf_map__type(map) == BPF_MAP_TYPE_STRUCT_OPS)
+			continue;
+		fd = old(ctx, bpf_map__name(map));
+		if (fd < 0)
+			continue;
+		memset(&info, 0, sizeof(info));
+		len = sizeof(info);
+		if (!bpf_map_get_info_by_fd(fd, &info, &len) &&
+		    info.type == bpf_map__type(map) &&
+		    info.key_size == bpf_map__key_size(map) &&
+		    info.value_size == bpf_map__value_size(map) &&
+		    info.max_entries == bpf_map__max_entries(map) &&
+		    info.map_flags == bpf_map__map_flags(map))
+			bpf_map__reuse_fd(map, fd);	/* dups fd */
+		close(fd);
+	}
+}
+
+static int old_pinned_map(void *ctx, const char *name)
+{
+	char path[PATH_MAX];
+	uint32_t dev_id = *(uint32_t *)ctx;
+	int fd;
+
+	hybd_pin_path(path, sizeof(path), dev_id, "maps");
+	snprintf(path + strlen(path), sizeof(path) - strlen(path), "/%s",
+		 name);
+	fd = bpf_obj_get(path);
+	return fd < 0 ? -errno : fd;
+}
+
+static int old_object_map(void *ctx, const char *name)
+{
+	struct bpf_map *map = bpf_object__find_map_by_name(ctx, name);
+	int fd = map ? bpf_map__fd(map) : -1;
+
+	return fd < 0 ? -ENOENT : fcntl(fd, F_DUPFD_CLOEXEC, 0);
+}
+
 /* Open @path and find its one struct hybd_bpf_ops map; set dev_id. */
 static int hybd_bpf_open(const char *path, uint32_t dev_id,
 			 struct bpf_object **objp, struct bpf_map **mapp)
@@ -467,6 +632,11 @@ static int hybd_bpf_open(const char *path, uint32_t dev_id,
 				 path, bpf_map__name(ops));
 	}
 	init->dev_id = dev_id;
+	ret = hybd_bpf_size_maps(obj, dev_id, path);
+	if (ret) {
+		bpf_object__close(obj);
+		return ret;
+	}
 	*objp = obj;
 	*mapp = ops;
 	return 0;
@@ -767,6 +937,8 @@ int hybd_bpf_attach(uint32_t dev_id, const char *path, unsigned int flags,
 	ret = hybd_bpf_open(path, dev_id, &b->obj, &b->ops_map);
 	if (ret)
 		goto out_free;
+	if (flags & HYBD_BPF_F_REPLACE)
+		hybd_bpf_reuse_maps(b->obj, old_pinned_map, &dev_id);
 	ret = hybd_bpf_load(b->obj, path);
 	if (ret)
 		goto out_free;
@@ -849,6 +1021,7 @@ int hybd_bpf_replace(struct hybd_bpf *b, const char *path)
 	ret = hybd_bpf_open(path, b->dev_id, &obj, &map);
 	if (ret)
 		return ret;
+	hybd_bpf_reuse_maps(obj, old_object_map, b->obj);
 	ret = hybd_bpf_load(obj, path);
 	if (ret)
 		goto out_close;
@@ -960,4 +1133,49 @@ int hybd_bpf_map_open_pinned(uint32_t dev_id, const char *name)
 		return hybd__err(-errno, "no pinned map %s for hybd%u (%s)",
 				 name, dev_id, path);
 	return fd;
+}
+
+int hybd_bpf_map_fill(int map_fd, uint32_t first, uint32_t count,
+		      const void *value)
+{
+	struct bpf_map_info info;
+	uint32_t len = sizeof(info), i, n, done = 0;
+	uint32_t keys[1024];
+	unsigned char *vals;
+	int ret = 0;
+
+	memset(&info, 0, sizeof(info));
+	if (bpf_map_get_info_by_fd(map_fd, &info, &len))
+		return hybd__err(-errno, "hybd_bpf_map_fill: fd %d is not a map",
+				 map_fd);
+	if (info.type != BPF_MAP_TYPE_ARRAY || info.key_size != 4)
+		return hybd__err(-EINVAL,
+				 "hybd_bpf_map_fill: map %s is not an array",
+				 info.name);
+	if (first > info.max_entries || count > info.max_entries - first)
+		return hybd__err(-ERANGE,
+				 "hybd_bpf_map_fill: entries %u..%u are past the end of %s (%u entries)",
+				 first, first + count - 1, info.name,
+				 info.max_entries);
+	vals = malloc((size_t)info.value_size * 1024);
+	if (!vals)
+		return hybd__err(-ENOMEM, "out of memory");
+	for (i = 0; i < 1024; i++)
+		memcpy(vals + (size_t)i * info.value_size, value,
+		       info.value_size);
+	while (done < count) {
+		n = count - done < 1024 ? count - done : 1024;
+		for (i = 0; i < n; i++)
+			keys[i] = first + done + i;
+		ret = bpf_map_update_batch(map_fd, keys, vals, &n, NULL);
+		if (ret) {
+			ret = hybd__err(-errno,
+					"hybd_bpf_map_fill: updating %s failed",
+					info.name);
+			break;
+		}
+		done += n;
+	}
+	free(vals);
+	return ret;
 }

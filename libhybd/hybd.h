@@ -490,6 +490,17 @@ int hybd_ctl_add(const struct hybd_config *cfg, uint32_t *id_out);
  * /sys/fs/bpf/hybd/<id>/ (link, maps/<name>) and outlive the process, which
  * is what `hybdctl attach` does; bpffs is mounted there if it is not.
  *
+ * Sizing: the loader sets the program's hybd_dev_blocks to the device's
+ * size in 4 KiB blocks, and gives every map declared HYBD_PER_BLOCK one
+ * entry per block (at most the max_entries it declares): see hybd.bpf.h.
+ *
+ * Replacing keeps state: the new program takes over the old program's maps
+ * that have the same name and shape (type, key and value size, entries,
+ * flags), so fds the slow path holds to them stay valid and what they
+ * know carries over (the replace is atomic: every request is seen by one
+ * program or the other).  Maps that differ are new; give a map a new name
+ * when its meaning changes.  .bss/.data/.rodata are never carried over.
+ *
  * A failed load leaves the verifier's verdict in hybd_errmsg(): a first
  * line naming the program refused and the verifier's reason, then libbpf's
  * messages with the end of the verifier log (its start is cut if the whole
@@ -572,6 +583,19 @@ int hybd_bpf_map_fd(struct hybd_bpf *b, const char *name);
  * RETURN VALUE: a new fd, which the caller closes, or -errno.
  */
 int hybd_bpf_map_open_pinned(uint32_t dev_id, const char *name);
+
+/*
+ * hybd_bpf_map_fill - set entries @first .. @first + @count - 1 of the
+ * array map @map_fd to *@value (the map's value size), in batches of
+ * 1024 per system call: how a slow path seeds or updates a per-block map
+ * of its fast path, e.g. marks a range of blocks it knows hold zeros after
+ * a discard.  Mind the order: state the fast path may serve from must be
+ * true before it is published (see docs/writing-a-driver.md).
+ * RETURN VALUE: 0, or -errno (-EINVAL: not an array map, -ERANGE: past its
+ * end).
+ */
+int hybd_bpf_map_fill(int map_fd, uint32_t first, uint32_t count,
+		      const void *value);
 
 /*
  * Parsing helpers for command lines.

@@ -7,7 +7,6 @@
  * no call and must load: the test's control that the object is otherwise
  * fine.  Only loaded, never attached.
  */
-#define HYBD_VER_BLOCKS	1	/* hybd.bpf.h's versions map: unused here */
 #include "hybd.bpf.h"
 
 char LICENSE[] SEC("license") = "GPL";
