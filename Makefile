@@ -10,7 +10,17 @@
 #                   the first run builds it: about an hour on 2 cores
 #   make bench      deps + build, then the latency comparison in one guest
 #   make demo       deps + build, then the ramdisk/fast-path demo in a guest
+#   make install    libhybd, its headers and pkg-config files (hybd.pc),
+#                   hybd.bpf.h and the sample programs, hybdctl (DESTDIR,
+#                   PREFIX=/usr/local, LIBDIR...: mk/dirs.mk)
+#   make uninstall  remove what install wrote (same variables)
 #   make help       this text
+#
+# The user-space parts take CPPFLAGS, CFLAGS and LDFLAGS as a distribution
+# passes them (make CFLAGS='-O2 -g -fstack-protector-strong'): the flags
+# the build needs are added to them.  VERSION holds the project's version:
+# the module's MODULE_VERSION, libhybd's file name, the pkg-config
+# version.
 #
 # KDIR selects the kernel to build the module against; the default is the
 # newest Debian 6.12 headers installed by `make deps` (or KVER=<release> for
@@ -36,8 +46,11 @@ MAKEFLAGS += --no-print-directory
 endif
 export Q V
 
-.PHONY: all deps kmod lib tools examples bpf test test-debug bench demo clean \
-	check unit help
+# directories of `make install` (variables only)
+include mk/dirs.mk
+
+.PHONY: all deps kmod lib tools examples bpf test test-debug bench \
+	demo clean check unit help install uninstall
 
 all: kmod lib tools examples bpf
 
@@ -84,6 +97,18 @@ bench: deps
 demo: deps
 	$(Q)$(MAKE) all
 	$(Q)./tools/vm-run demo
+
+# The user-space product.  Builds what is missing first, as the user who
+# runs it: run `make` before `sudo make install`.
+install: tools
+	$(Q)$(MAKE) -C libhybd install
+	$(Q)$(MAKE) -C tools install
+	$(Q)$(MAKE) -C bpf install
+
+uninstall:
+	$(Q)$(MAKE) -C libhybd uninstall
+	$(Q)$(MAKE) -C tools uninstall
+	$(Q)$(MAKE) -C bpf uninstall
 
 check:
 	$(Q)KDIR=$(kdir_found) ./tools/checkpatch.sh
