@@ -11,8 +11,9 @@
 #   make bench      deps + build, then the latency comparison in one guest
 #   make demo       deps + build, then the ramdisk/fast-path demo in a guest
 #   make install    libhybd, its headers and pkg-config files (hybd.pc),
-#                   hybd.bpf.h and the sample programs, hybdctl (DESTDIR,
-#                   PREFIX=/usr/local, LIBDIR...: mk/dirs.mk)
+#                   hybd.bpf.h and the sample programs, hybdctl, the
+#                   licences (DESTDIR, PREFIX=/usr/local, LIBDIR...:
+#                   mk/dirs.mk)
 #   make uninstall  remove what install wrote (same variables)
 #   make help       this text
 #
@@ -104,11 +105,15 @@ install: tools
 	$(Q)$(MAKE) -C libhybd install
 	$(Q)$(MAKE) -C tools install
 	$(Q)$(MAKE) -C bpf install
+	$(INSTALL) -d $(DESTDIR)$(DOCDIR)/LICENSES
+	$(INSTALL) -m 644 $(wildcard LICENSES/*) $(DESTDIR)$(DOCDIR)/LICENSES/
 
 uninstall:
 	$(Q)$(MAKE) -C libhybd uninstall
 	$(Q)$(MAKE) -C tools uninstall
 	$(Q)$(MAKE) -C bpf uninstall
+	rm -f $(addprefix $(DESTDIR)$(DOCDIR)/,$(wildcard LICENSES/*))
+	rmdir $(DESTDIR)$(DOCDIR)/LICENSES $(DESTDIR)$(DOCDIR) 2>/dev/null || :
 
 check:
 	$(Q)KDIR=$(kdir_found) ./tools/checkpatch.sh
