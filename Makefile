@@ -11,9 +11,9 @@
 #   make bench      deps + build, then the latency comparison in one guest
 #   make demo       deps + build, then the ramdisk/fast-path demo in a guest
 #   make install    libhybd, its headers and pkg-config files (hybd.pc),
-#                   hybd.bpf.h and the sample programs, hybdctl, the
-#                   licences (DESTDIR, PREFIX=/usr/local, LIBDIR...:
-#                   mk/dirs.mk)
+#                   hybd.bpf.h and the sample programs, hybdctl, the man
+#                   pages, the licences (DESTDIR, PREFIX=/usr/local,
+#                   LIBDIR...: mk/dirs.mk)
 #   make uninstall  remove what install wrote (same variables)
 #   make dkms-install  the module's sources to /usr/src/hybd-<version>, then
 #                   dkms add, build, install (KVER=<release>: that kernel)
@@ -114,6 +114,7 @@ install: tools
 	$(Q)$(MAKE) -C libhybd install
 	$(Q)$(MAKE) -C tools install
 	$(Q)$(MAKE) -C bpf install
+	$(Q)$(MAKE) -C man install
 	$(INSTALL) -d $(DESTDIR)$(DOCDIR)/LICENSES
 	$(INSTALL) -m 644 $(wildcard LICENSES/*) $(DESTDIR)$(DOCDIR)/LICENSES/
 
@@ -121,6 +122,7 @@ uninstall:
 	$(Q)$(MAKE) -C libhybd uninstall
 	$(Q)$(MAKE) -C tools uninstall
 	$(Q)$(MAKE) -C bpf uninstall
+	$(Q)$(MAKE) -C man uninstall
 	rm -f $(addprefix $(DESTDIR)$(DOCDIR)/,$(wildcard LICENSES/*))
 	rmdir $(DESTDIR)$(DOCDIR)/LICENSES $(DESTDIR)$(DOCDIR) 2>/dev/null || :
 
