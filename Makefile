@@ -1,15 +1,18 @@
 # hybd - top-level build.
 #
 #   make            build the module, libhybd, hybdctl and the examples
-#   make deps       install every package the project needs (Debian 12)
-#   make test       deps + build, then the whole suite in one guest boot
+#   make deps       install what building and running hybd need (Debian 12:
+#                   compiler, kernel headers, clang, libbpf >= 1.4, bpftool)
+#   make guest-deps deps, plus what the test guest needs (the 6.12 kernel
+#                   image and headers, qemu, virtme-ng, fio, nbdkit, pytest)
+#   make test       guest-deps + build, then the whole suite in one guest boot
 #                   (PYTEST_ARGS="-k bpf" selects tests)
-#   make test-debug deps + build, then the whole suite in a debug kernel
+#   make test-debug guest-deps + build, then the whole suite in a debug kernel
 #                   (KASAN, lockdep, KFENCE, UBSAN, kmemleak...) built once by
 #                   tools/debug-kernel and cached in /var/cache/hybd (HYBD_CACHE);
 #                   the first run builds it: about an hour on 2 cores
-#   make bench      deps + build, then the latency comparison in one guest
-#   make demo       deps + build, then the ramdisk/fast-path demo in a guest
+#   make bench      guest-deps + build, then the latency comparison in one guest
+#   make demo       guest-deps + build, then the ramdisk/fast-path demo in a guest
 #   make install    libhybd, its headers and pkg-config files (hybd.pc),
 #                   hybd.bpf.h and the sample programs, hybdctl, the man
 #                   pages, the licences (DESTDIR, PREFIX=/usr/local,
@@ -57,14 +60,18 @@ HYBD_VERSION := $(shell cat VERSION)
 # where DKMS takes a module's sources from (DESTDIR: a package's staging)
 DKMS_SRC = $(DESTDIR)/usr/src/hybd-$(HYBD_VERSION)
 
-.PHONY: all deps kmod lib tools examples bpf test test-debug bench \
+.PHONY: all deps guest-deps kmod lib tools examples bpf test test-debug bench \
 	demo clean check unit help install uninstall dkms-src dkms-install \
 	dkms-uninstall
 
 all: kmod lib tools examples bpf
 
+# what building and running need; guest-deps adds the test guest's tooling
 deps:
 	$(Q)./tools/deps.sh
+
+guest-deps:
+	$(Q)./tools/deps.sh --guest
 
 kmod:
 	$(Q)$(MAKE) -C $(kdir) M=$(CURDIR)/kmod modules $(if $(filter 1,$(V)),V=1,)
@@ -88,22 +95,22 @@ bpf:
 unit: lib
 	$(Q)$(MAKE) -C tests/unit run
 
-test: deps
+test: guest-deps
 	$(Q)$(MAKE) all
 	$(Q)$(MAKE) unit
 	$(Q)./tools/vm-run tests $(PYTEST_ARGS)
 
 # The module is built against the debug kernel's tree in a copy of kmod/
 # (results/debug-kmod), so kmod/hybd.ko stays the regular one.
-test-debug: deps
+test-debug: guest-deps
 	$(Q)$(MAKE) lib tools examples bpf
 	$(Q)./tools/debug-kernel test $(PYTEST_ARGS)
 
-bench: deps
+bench: guest-deps
 	$(Q)$(MAKE) all
 	$(Q)./tools/vm-run bench
 
-demo: deps
+demo: guest-deps
 	$(Q)$(MAKE) all
 	$(Q)./tools/vm-run demo
 
