@@ -1,16 +1,34 @@
 # hybd - top-level build.
 #
 #   make            build the module, libhybd, hybdctl and the examples
-#   make deps       install every package the project needs (Debian 12)
-#   make test       deps + build, then the whole suite in one guest boot
+#   make deps       install what building and running hybd need (Debian 12:
+#                   compiler, kernel headers, clang, libbpf >= 1.4, bpftool)
+#   make guest-deps deps, plus what the test guest needs (the 6.12 kernel
+#                   image and headers, qemu, virtme-ng, fio, nbdkit, pytest)
+#   make test       guest-deps + build, then the whole suite in one guest boot
 #                   (PYTEST_ARGS="-k bpf" selects tests)
-#   make test-debug deps + build, then the whole suite in a debug kernel
+#   make test-debug guest-deps + build, then the whole suite in a debug kernel
 #                   (KASAN, lockdep, KFENCE, UBSAN, kmemleak...) built once by
 #                   tools/debug-kernel and cached in /var/cache/hybd (HYBD_CACHE);
 #                   the first run builds it: about an hour on 2 cores
-#   make bench      deps + build, then the latency comparison in one guest
-#   make demo       deps + build, then the ramdisk/fast-path demo in a guest
+#   make bench      guest-deps + build, then the latency comparison in one guest
+#   make demo       guest-deps + build, then the ramdisk/fast-path demo in a guest
+#   make install    libhybd, its headers and pkg-config files (hybd.pc),
+#                   hybd.bpf.h and the sample programs, hybdctl, the man
+#                   pages, the licences (DESTDIR, PREFIX=/usr/local,
+#                   LIBDIR...: mk/dirs.mk)
+#   make uninstall  remove what install wrote (same variables)
+#   make dkms-install  the module's sources to /usr/src/hybd-<version>, then
+#                   dkms add, build, install (KVER=<release>: that kernel)
+#   make dkms-uninstall  dkms remove, and the sources
+#   make dkms-src   only the sources and dkms.conf, under DESTDIR (a package)
 #   make help       this text
+#
+# The user-space parts take CPPFLAGS, CFLAGS and LDFLAGS as a distribution
+# passes them (make CFLAGS='-O2 -g -fstack-protector-strong'): the flags
+# the build needs are added to them.  VERSION holds the project's version:
+# the module's MODULE_VERSION, libhybd's file name, the pkg-config and DKMS
+# versions.
 #
 # KDIR selects the kernel to build the module against; the default is the
 # newest Debian 6.12 headers installed by `make deps` (or KVER=<release> for
@@ -36,13 +54,24 @@ MAKEFLAGS += --no-print-directory
 endif
 export Q V
 
-.PHONY: all deps kmod lib tools examples bpf test test-debug bench demo clean \
-	check unit help
+# directories of `make install` (variables only); the tree's own VERSION
+include mk/dirs.mk
+HYBD_VERSION := $(shell cat VERSION)
+# where DKMS takes a module's sources from (DESTDIR: a package's staging)
+DKMS_SRC = $(DESTDIR)/usr/src/hybd-$(HYBD_VERSION)
+
+.PHONY: all deps guest-deps kmod lib tools examples bpf test test-debug bench \
+	demo clean check unit help install uninstall dkms-src dkms-install \
+	dkms-uninstall
 
 all: kmod lib tools examples bpf
 
+# what building and running need; guest-deps adds the test guest's tooling
 deps:
 	$(Q)./tools/deps.sh
+
+guest-deps:
+	$(Q)./tools/deps.sh --guest
 
 kmod:
 	$(Q)$(MAKE) -C $(kdir) M=$(CURDIR)/kmod modules $(if $(filter 1,$(V)),V=1,)
@@ -68,24 +97,74 @@ bpf:
 unit: lib
 	$(Q)$(MAKE) -C tests/unit run
 
-test: deps
+test: guest-deps
 	$(Q)$(MAKE) all
 	$(Q)$(MAKE) unit
 	$(Q)./tools/vm-run tests $(PYTEST_ARGS)
 
 # The module is built against the debug kernel's tree in a copy of kmod/
 # (results/debug-kmod), so kmod/hybd.ko stays the regular one.
-test-debug: deps
+test-debug: guest-deps
 	$(Q)$(MAKE) lib tools examples bpf
 	$(Q)./tools/debug-kernel test $(PYTEST_ARGS)
 
-bench: deps
+bench: guest-deps
 	$(Q)$(MAKE) all
 	$(Q)./tools/vm-run bench
 
-demo: deps
+demo: guest-deps
 	$(Q)$(MAKE) all
 	$(Q)./tools/vm-run demo
+
+# The user-space product (the module goes through DKMS, below).  Builds
+# what is missing first, as the user who runs it: run `make` before `sudo
+# make install`.
+install: tools
+	$(Q)$(MAKE) -C libhybd install
+	$(Q)$(MAKE) -C tools install
+	$(Q)$(MAKE) -C bpf install
+	$(Q)$(MAKE) -C man install
+	$(INSTALL) -d $(DESTDIR)$(DOCDIR)/LICENSES
+	$(INSTALL) -m 644 $(wildcard LICENSES/*) $(DESTDIR)$(DOCDIR)/LICENSES/
+
+uninstall:
+	$(Q)$(MAKE) -C libhybd uninstall
+	$(Q)$(MAKE) -C tools uninstall
+	$(Q)$(MAKE) -C bpf uninstall
+	$(Q)$(MAKE) -C man uninstall
+	rm -f $(addprefix $(DESTDIR)$(DOCDIR)/,$(wildcard LICENSES/*))
+	rmdir $(DESTDIR)$(DOCDIR)/LICENSES $(DESTDIR)$(DOCDIR) 2>/dev/null || :
+
+# The module's sources as DKMS wants them: dkms.conf (versioned), kmod/,
+# the UAPI header and VERSION, in the tree's layout (kmod/Kbuild reads
+# ../include and ../VERSION).
+kmod_src = $(filter-out %.mod.c,$(wildcard kmod/*.c kmod/*.h))
+dkms-src:
+	rm -rf $(DKMS_SRC)
+	$(INSTALL) -d $(DKMS_SRC)/kmod $(DKMS_SRC)/include/uapi
+	$(INSTALL) -m 644 kmod/Kbuild $(kmod_src) $(DKMS_SRC)/kmod/
+	$(INSTALL) -m 644 include/uapi/hybd.h $(DKMS_SRC)/include/uapi/
+	$(INSTALL) -m 644 VERSION $(DKMS_SRC)/
+	sed 's/@VERSION@/$(HYBD_VERSION)/' dkms.conf >$(DKMS_SRC)/dkms.conf
+
+# As root.  The kernel is the running one, or KVER=<release> (its headers
+# under /lib/modules/<release>/build).  A version added before is removed
+# first, so that this can be run again after a change.
+dkms_k = $(if $(KVER),-k $(KVER))
+dkms-install:
+	@command -v dkms >/dev/null || { echo "dkms is not installed (apt-get install dkms)"; exit 1; }
+	$(Q)if dkms status -m hybd -v $(HYBD_VERSION) | grep -q .; then \
+		dkms remove -m hybd -v $(HYBD_VERSION) --all; fi
+	$(Q)$(MAKE) dkms-src DESTDIR=
+	dkms add -m hybd -v $(HYBD_VERSION)
+	dkms build -m hybd -v $(HYBD_VERSION) $(dkms_k)
+	dkms install -m hybd -v $(HYBD_VERSION) $(dkms_k)
+
+dkms-uninstall:
+	@command -v dkms >/dev/null || { echo "dkms is not installed"; exit 1; }
+	$(Q)if dkms status -m hybd -v $(HYBD_VERSION) | grep -q .; then \
+		dkms remove -m hybd -v $(HYBD_VERSION) --all; fi
+	rm -rf /usr/src/hybd-$(HYBD_VERSION)
 
 check:
 	$(Q)KDIR=$(kdir_found) ./tools/checkpatch.sh

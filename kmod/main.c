@@ -168,7 +168,7 @@ static int __init hybd_init(void)
 	if (ret)
 		goto out_class;
 
-	pr_info("loaded (ABI %u)\n", HYBD_ABI_VERSION);
+	pr_info("loaded: version %s, ABI %u\n", HYBD_VERSION, HYBD_ABI_VERSION);
 	return 0;
 
 out_class:
@@ -201,3 +201,4 @@ module_exit(hybd_exit);
 MODULE_DESCRIPTION("hybd: hybrid kernel/user block drivers with a BPF fast path");
 MODULE_AUTHOR("The hybd developers");
 MODULE_LICENSE("GPL");
+MODULE_VERSION(HYBD_VERSION);

@@ -22,7 +22,7 @@ all: $(PROGS)
 
 $(PROGS): %: %.c $(HDRS) $(LIBHYBD)
 	$(MSG) CC $(SUBDIR)/$@
-	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(LIBHYBD) $(LIBHYBD_LIBS) $(PROG_LIBS)
+	$(Q)$(CC) $(CFLAGS) $(CPPFLAGS) $(LDFLAGS) -o $@ $< $(LIBHYBD) $(LIBHYBD_LIBS) $(PROG_LIBS)
 
 # libhybd's own Makefile knows when it is out of date.
 $(LIBHYBD): FORCE

@@ -365,7 +365,7 @@ def nbd_connected():
 def setup_nbd(line, ctx):
     for tool in ("nbdkit", "nbd-client"):
         if not shutil.which(tool):
-            raise BenchError(f"{tool} is not installed (make deps)")
+            raise BenchError(f"{tool} is not installed (make guest-deps)")
     sock = os.path.join(ctx.tmp, "nbdkit.sock")
     # a Unix socket only: never a network address
     cmd = ["nbdkit", "--unix", sock, "--foreground", "--exit-with-parent",
@@ -891,7 +891,7 @@ def main():
         say("must run as root (tools/vm-run bench runs it in a guest)")
         return 2
     if not shutil.which("fio"):
-        say("fio is not installed (make deps)")
+        say("fio is not installed (make guest-deps)")
         return 1
     os.makedirs(args.results, exist_ok=True)
 

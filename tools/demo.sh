@@ -93,7 +93,7 @@ trap cleanup EXIT
 trap 'exit 1' INT TERM
 
 [ "$(id -u)" = 0 ] || die "run as root (make demo runs it in a guest)"
-command -v fio >/dev/null || die "fio is not installed (make deps)"
+command -v fio >/dev/null || die "fio is not installed (make guest-deps)"
 for f in "$HYBDCTL" "$RAMDISK"; do
 	[ -x "$f" ] || die "$f is not built: run make"
 done

@@ -551,10 +551,31 @@ static int cmd_del(int argc, char **argv)
 	return EXIT_SUCCESS;
 }
 
+/*
+ * The loaded module's version (MODULE_VERSION, from the project's VERSION
+ * file), or NULL if it has none or it cannot be read.
+ */
+static const char *module_version(char *buf, size_t size)
+{
+	FILE *f = fopen("/sys/module/hybd/version", "re");
+	size_t len;
+
+	if (!f)
+		return NULL;
+	if (!fgets(buf, (int)size, f))
+		buf[0] = '\0';
+	fclose(f);
+	len = strcspn(buf, "\n");
+	buf[len] = '\0';
+	return len ? buf : NULL;
+}
+
 static int cmd_features(int argc, char **argv)
 {
 	struct hybd_ctl_features f;
 	int json = 0, ret, n = 0;
+	char lib[32], mod_buf[64];
+	const char *mod;
 	size_t i;
 
 	ret = json_opt_only("features", argc, argv, &json);
@@ -563,6 +584,11 @@ static int cmd_features(int argc, char **argv)
 	ret = hybd_ctl_features(&f);
 	if (ret < 0)
 		return failed("features", ret);
+	/* the libhybd API this hybdctl was built against */
+	/* the library that runs, which may be newer than our hybd.h */
+	snprintf(lib, sizeof(lib), "%u.%u", hybd_lib_version() >> 16,
+		 hybd_lib_version() & 0xffff);
+	mod = module_version(mod_buf, sizeof(mod_buf));
 
 	if (json) {
 		printf("{\"abi_version\":%u,\"features\":%" PRIu64 ",\"names\":[",
@@ -572,16 +598,23 @@ static int cmd_features(int argc, char **argv)
 				printf("%s\"%s\"", n++ ? "," : "",
 				       feature_names[i].name);
 		}
-		printf("]}\n");
+		printf("],\"library_version\":\"%s\",\"module_version\":", lib);
+		if (mod)
+			print_json_string(mod, strlen(mod));
+		else
+			printf("null");
+		printf("}\n");
 		return EXIT_SUCCESS;
 	}
-	printf("%-12s %u\n", "abi_version", f.abi_version);
-	printf("%-12s 0x%" PRIx64, "features", (uint64_t)f.features);
+	printf("%-15s %u\n", "abi_version", f.abi_version);
+	printf("%-15s 0x%" PRIx64, "features", (uint64_t)f.features);
 	for (i = 0; i < ARRAY_SIZE(feature_names); i++) {
 		if (f.features & feature_names[i].bit)
 			printf(" %s", feature_names[i].name);
 	}
 	putchar('\n');
+	printf("%-15s %s\n", "library_version", lib);
+	printf("%-15s %s\n", "module_version", mod ? mod : "unknown");
 	return EXIT_SUCCESS;
 }
 
