@@ -34,6 +34,7 @@ INSTALLED = {
     "usr/include/hybd/hybd.h",
     "usr/include/hybd/uapi/hybd.h",
     "usr/include/hybd/hybd.bpf.h",
+    "usr/include/hybd/hybd_versions.bpf.h",
     "usr/sbin/hybdctl",
     "usr/share/man/man8/hybdctl.8",
     "usr/share/man/man3/libhybd.3",
