@@ -3,6 +3,7 @@
  * hybdctl - list, inspect, add and delete hybd devices; attach, replace and
  * detach their BPF fast path; show their counters and latency histograms.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -20,47 +21,38 @@
 #define EXIT_FAILED	1	/* the operation failed */
 #define EXIT_USAGE	2	/* the command line is wrong */
 
-static const char usage_text[] =
-"Usage: hybdctl COMMAND [ARGS]\n"
+/*
+ * Help.  Each command has a synopsis, a one-line summary (both shown by
+ * `hybdctl --help`) and the text `hybdctl COMMAND --help` adds: its options
+ * and what else it does.  The table of commands is at the end of the file.
+ */
+static const char general_help[] =
+"DEV is /dev/hybdN, hybdN or N.  'hybdctl COMMAND --help' shows a command's\n"
+"options.\n"
 "\n"
-"Commands:\n"
-"  list [--json]           list the devices\n"
-"  info DEV [--json]       show a device's state, parameters and counters\n"
-"  features [--json]       show the module's ABI version and features\n"
-"  add [OPTIONS]           add a device without a server (it stays \"added\")\n"
-"                          and print its id\n"
-"  del DEV [--force]       delete a device: a served one is drained first (a\n"
-"                          server that does not answer holds it up to the\n"
-"                          device's I/O timeout); --force fails outstanding\n"
-"                          I/O at once (unwritten data is lost), also for a\n"
-"                          delete already under way"
-"  attach PROG.bpf.o DEV [--replace]\n"
-"                          load a BPF fast path and attach it to DEV; link and\n"
-"                          maps are pinned under /sys/fs/bpf/hybd/N/ and stay\n"
-"                          after hybdctl exits.  --replace swaps it for DEV's\n"
-"                          attached program atomically (no request is lost)\n"
-"  detach DEV              detach DEV's fast path (removes the pins; the kernel\n"
-"                          stops calling the program before this returns)\n"
-"  stats DEV [--json] [--per-queue] [--watch SECONDS]\n"
-"                          fast- and slow-path completions, errors, rejected\n"
-"                          completions, requests by kind and both latency\n"
-"                          histograms (from submission to completion, in\n"
-"                          log2 buckets; p50/p99/mean are estimates from them)\n"
-"                          --json       one object: every counter, fast_lat\n"
-"                                       and slow_lat (32 counts, bucket i is\n"
-"                                       [2^i, 2^(i+1)) ns), *_est (p50, p99,\n"
-"                                       mean in ns), queues (--per-queue)\n"
-"                          --per-queue  each hardware queue too\n"
-"                          --watch S    again every S seconds (decimals are\n"
-"                                       fine) with the fast and slow\n"
-"                                       completion rates, until Ctrl-C;\n"
-"                                       with --json one object per line\n"
-"  help, --help            show this help\n"
-"  version, --version      show the version\n"
-"\n"
-"DEV is /dev/hybdN, hybdN or N.\n"
-"\n"
-"add options (BYTES takes a K, M, G or T suffix):\n"
+"Exit status: 0 success; 1 the operation failed (the device does not exist,\n"
+"the kernel refused, ...); 2 usage error (an\n"
+"unknown command or option, a missing or malformed argument).\n";
+
+static const char list_opts[] =
+"  --json        one JSON array of objects: id, state, size (bytes),\n"
+"                server_pid (0: no server)\n"
+"  -h, --help    show this help\n";
+
+static const char info_opts[] =
+"  --json        one JSON object; the counters are in \"stats\"\n"
+"  -h, --help    show this help\n";
+
+static const char info_more[] =
+"Shows the attached fast path (name, link id) and how many times one was\n"
+"attached or replaced.  \"disk\" (major:minor) exists once a server has\n"
+"started the device.\n";
+
+static const char features_opts[] =
+"  --json        one JSON object\n"
+"  -h, --help    show this help\n";
+
+static const char add_opts[] =
 "  --size BYTES            device size (default 64M)\n"
 "  --lbs BYTES             logical block size (default 4096)\n"
 "  --pbs BYTES             physical block size (default 4096)\n"
@@ -78,12 +70,55 @@ static const char usage_text[] =
 "  --max-discard BYTES     discard limit (default: the kernel's)\n"
 "  --discard-granularity BYTES\n"
 "  --max-write-zeroes BYTES\n"
-"\n"
-"info shows the attached fast path (name, link id) and how many times one\n"
-"was attached or replaced.  PROG.bpf.o is built against bpf/hybd.bpf.h;\n"
-"a program the verifier refuses is reported with the end of its log.\n"
-"\n"
-"Exit status: 0 success, 1 the operation failed, 2 usage error.\n";
+"  -h, --help              show this help\n";
+
+static const char add_more[] =
+"BYTES takes a K, M, G or T suffix.  The device stays \"added\" (no\n"
+"/dev/hybdN) until a server starts it; it is a way to check parameters.\n"
+"Prints the new device's id.\n";
+
+static const char del_opts[] =
+"  --force       fail outstanding I/O at once (data the server has not\n"
+"                written is lost), also for a delete already under way\n"
+"  -h, --help    show this help\n";
+
+static const char del_more[] =
+"A served device is drained first: a server that does not answer holds\n"
+"the delete up to the device's I/O timeout (30 s without one).  A signal\n"
+"interrupts the wait; the delete goes on in the kernel.\n";
+
+static const char attach_opts[] =
+"  --replace     swap PROG for DEV's attached program atomically (no\n"
+"                request is lost)\n"
+"  -h, --help    show this help\n";
+
+static const char attach_more[] =
+"Loads PROG.bpf.o, built against bpf/hybd.bpf.h, and attaches it to DEV.\n"
+"Link and maps are pinned under /sys/fs/bpf/hybd/N/ and stay after\n"
+"hybdctl exits.  A program the verifier refuses is reported with the end\n"
+"of its log.\n";
+
+static const char detach_opts[] =
+"  -h, --help    show this help\n";
+
+static const char detach_more[] =
+"Removes the pins; the kernel stops calling the program before this\n"
+"returns.\n";
+
+static const char stats_opts[] =
+"  --json        one object: every counter, fast_lat and slow_lat (32\n"
+"                counts, bucket i is [2^i, 2^(i+1)) ns), *_est (p50, p99,\n"
+"                mean in ns), queues (--per-queue)\n"
+"  --per-queue   each hardware queue too\n"
+"  --watch S     again every S seconds (decimals are fine) with the fast\n"
+"                and slow completion rates, until Ctrl-C; with --json one\n"
+"                object per line\n"
+"  -h, --help    show this help\n";
+
+static const char stats_more[] =
+"Fast- and slow-path completions, errors, rejected completions, requests\n"
+"by kind and both latency histograms (from submission to completion, in\n"
+"log2 buckets; p50/p99/mean are estimates from them).\n";
 
 static const char *const state_names[] = {
 	[HYBD_STATE_ADDED] = "added",
@@ -157,8 +192,38 @@ static int usage_error(const char *cmd, const char *fmt, ...)
 	va_start(ap, fmt);
 	vfprintf(stderr, fmt, ap);
 	va_end(ap);
-	fprintf(stderr, "\nTry 'hybdctl --help'.\n");
+	fprintf(stderr, "\nTry 'hybdctl %s --help'.\n", cmd);
 	return EXIT_USAGE;
+}
+
+/* The command's help on stdout; EXIT_SUCCESS.  Defined after the table. */
+static int command_help(const char *cmd);
+
+/*
+ * getopt_long() returned '?' or ':' (@c) for the option at argv[optind - 1]:
+ * say which option was wrong and how, as a usage error.  @opts are the
+ * command's long options.
+ */
+static int option_error(const char *cmd, int c, char **argv,
+			const struct option *opts)
+{
+	const char *arg = argv[optind - 1], *eq;
+	size_t len;
+
+	if (c == ':')
+		return usage_error(cmd, "option '%s' needs a value", arg);
+	if (optopt && (arg[0] != '-' || arg[1] != '-'))
+		return usage_error(cmd, "unknown option '-%c'", optopt);
+	/* "--json=x": a known option given a value it does not take */
+	eq = strchr(arg, '=');
+	len = eq ? (size_t)(eq - arg) : 0;
+	for (; eq && opts->name; opts++) {
+		if (len > 2 && !strncmp(opts->name, arg + 2, len - 2) &&
+		    opts->has_arg == no_argument)
+			return usage_error(cmd, "option '--%s' takes no value",
+					   opts->name);
+	}
+	return usage_error(cmd, "unknown option '%s'", arg);
 }
 
 static const char *state_name(uint32_t state)
@@ -219,17 +284,15 @@ static int parse_json_opt(const char *cmd, int argc, char **argv, int *json)
 
 	optind = 1;
 	opterr = 0;
-	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
 		switch (c) {
 		case 'j':
 			*json = 1;
 			break;
 		case 'h':
-			fputs(usage_text, stdout);
-			return EXIT_SUCCESS;
+			return command_help(cmd);
 		default:
-			return usage_error(cmd, "unknown option '%s'",
-					   argv[optind - 1]);
+			return option_error(cmd, c, argv, opts);
 		}
 	}
 	return -1;
@@ -646,7 +709,7 @@ static int cmd_add(int argc, char **argv)
 	optind = 1;
 	opterr = 0;
 	while (ret < 0 &&
-	       (c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+	       (c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
 		switch (c) {
 		case OPT_SIZE:
 			if (hybd_parse_size(optarg, &cfg.size) < 0)
@@ -707,13 +770,9 @@ static int cmd_add(int argc, char **argv)
 					    &cfg.max_write_zeroes_bytes);
 			break;
 		case 'h':
-			fputs(usage_text, stdout);
-			return EXIT_SUCCESS;
-		case ':':
-		case '?':
+			return command_help("add");
 		default:
-			ret = usage_error("add", "unknown option or missing value: '%s'",
-					  argv[optind - 1]);
+			ret = option_error("add", c, argv, opts);
 			break;
 		}
 	}
@@ -762,17 +821,15 @@ static int cmd_attach(int argc, char **argv)
 
 	optind = 1;
 	opterr = 0;
-	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
 		switch (c) {
 		case 'r':
 			flags |= HYBD_BPF_F_REPLACE;
 			break;
 		case 'h':
-			fputs(usage_text, stdout);
-			return EXIT_SUCCESS;
+			return command_help("attach");
 		default:
-			return usage_error("attach", "unknown option '%s'",
-					   argv[optind - 1]);
+			return option_error("attach", c, argv, opts);
 		}
 	}
 	if (argc - optind != 2)
@@ -1136,7 +1193,7 @@ static int cmd_stats(int argc, char **argv)
 
 	optind = 1;
 	opterr = 0;
-	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
 		switch (c) {
 		case 'j':
 			json = 1;
@@ -1153,12 +1210,9 @@ static int cmd_stats(int argc, char **argv)
 						   optarg);
 			break;
 		case 'h':
-			fputs(usage_text, stdout);
-			return EXIT_SUCCESS;
+			return command_help("stats");
 		default:
-			return usage_error("stats",
-					   "unknown option or missing value: '%s'",
-					   argv[optind - 1]);
+			return option_error("stats", c, argv, opts);
 		}
 	}
 	ret = one_dev_arg("stats", argc, argv, &id);
@@ -1230,44 +1284,121 @@ static int cmd_stats(int argc, char **argv)
 	return EXIT_SUCCESS;
 }
 
-static const struct {
+static const struct command {
 	const char *name;
 	int (*fn)(int argc, char **argv);
+	const char *args;	/* the synopsis after the name */
+	const char *summary;	/* one line */
+	const char *opts;	/* its options, --help included */
+	const char *more;	/* what else --help says, or NULL */
 } commands[] = {
-	{ "list", cmd_list },
-	{ "info", cmd_info },
-	{ "features", cmd_features },
-	{ "add", cmd_add },
-	{ "del", cmd_del },
-	{ "attach", cmd_attach },
-	{ "detach", cmd_detach },
-	{ "stats", cmd_stats },
+	{ "list", cmd_list, "[--json]", "list the devices", list_opts, NULL },
+	{ "info", cmd_info, "DEV [--json]",
+	  "show a device's state, parameters and counters", info_opts,
+	  info_more },
+	{ "features", cmd_features, "[--json]",
+	  "show the module's ABI version and features", features_opts, NULL },
+	{ "add", cmd_add, "[OPTIONS]",
+	  "add a device without a server and print its id", add_opts,
+	  add_more },
+	{ "del", cmd_del, "DEV [--force]", "delete a device", del_opts,
+	  del_more },
+	{ "attach", cmd_attach, "PROG.bpf.o DEV [--replace]",
+	  "load a BPF fast path and attach it to DEV", attach_opts,
+	  attach_more },
+	{ "detach", cmd_detach, "DEV", "detach DEV's fast path", detach_opts,
+	  detach_more },
+	{ "stats", cmd_stats,
+	  "DEV [--json] [--per-queue] [--watch SECONDS]",
+	  "fast- and slow-path counters, latency histograms", stats_opts,
+	  stats_more },
 };
+
+static const struct command *find_command(const char *name)
+{
+	size_t i;
+
+	for (i = 0; i < ARRAY_SIZE(commands); i++) {
+		if (!strcmp(name, commands[i].name))
+			return &commands[i];
+	}
+	return NULL;
+}
+
+#define SYNOPSIS_WIDTH	30
+
+static void usage(FILE *f)
+{
+	size_t i;
+	int n;
+
+	fprintf(f, "Usage: hybdctl COMMAND [ARGS]\n"
+		"       hybdctl COMMAND --help\n\nCommands:\n");
+	for (i = 0; i < ARRAY_SIZE(commands); i++) {
+		n = fprintf(f, "  %s %s", commands[i].name, commands[i].args);
+		if (n < SYNOPSIS_WIDTH)
+			fprintf(f, "%*s%s\n", SYNOPSIS_WIDTH - n, "",
+				commands[i].summary);
+		else
+			fprintf(f, "\n%*s%s\n", SYNOPSIS_WIDTH, "",
+				commands[i].summary);
+	}
+	fprintf(f, "  %-*s%s\n", SYNOPSIS_WIDTH - 2, "help [COMMAND], --help",
+		"show this help, or a command's");
+	fprintf(f, "  %-*s%s\n\n%s", SYNOPSIS_WIDTH - 2, "version, --version",
+		"show the version", general_help);
+}
+
+static int command_help(const char *name)
+{
+	const struct command *c = find_command(name);
+
+	if (!c) {
+		usage(stdout);
+		return EXIT_SUCCESS;
+	}
+	printf("Usage: hybdctl %s %s\n\n%c%s.\n\n", c->name, c->args,
+	       toupper((unsigned char)c->summary[0]), c->summary + 1);
+	printf("Options:\n%s", c->opts);
+	if (c->more)
+		printf("\n%s", c->more);
+	return EXIT_SUCCESS;
+}
 
 int main(int argc, char **argv)
 {
+	const struct command *c;
 	const char *cmd;
-	size_t i;
 
 	if (argc < 2) {
-		fputs(usage_text, stderr);
+		usage(stderr);
 		return EXIT_USAGE;
 	}
 	cmd = argv[1];
 	if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") ||
 	    !strcmp(cmd, "-h")) {
-		fputs(usage_text, stdout);
-		return EXIT_SUCCESS;
+		if (argc > 3 || (argc == 3 && !find_command(argv[2]))) {
+			fprintf(stderr, "hybdctl: help: %s '%s'\n"
+				"Try 'hybdctl --help'.\n", argc > 3 ?
+				"unexpected argument" : "unknown command",
+				argv[argc > 3 ? 3 : 2]);
+			return EXIT_USAGE;
+		}
+		return command_help(argc == 3 ? argv[2] : "");
 	}
 	if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
+		if (argc > 2) {
+			fprintf(stderr, "hybdctl: version: unexpected argument '%s'\n"
+				"Try 'hybdctl --help'.\n", argv[2]);
+			return EXIT_USAGE;
+		}
 		printf("hybdctl %d.%d (hybd ABI %d)\n", HYBD_LIB_VERSION_MAJOR,
 		       HYBD_LIB_VERSION_MINOR, HYBD_ABI_VERSION);
 		return EXIT_SUCCESS;
 	}
-	for (i = 0; i < ARRAY_SIZE(commands); i++) {
-		if (!strcmp(cmd, commands[i].name))
-			return commands[i].fn(argc - 1, argv + 1);
-	}
+	c = find_command(cmd);
+	if (c)
+		return c->fn(argc - 1, argv + 1);
 	fprintf(stderr, "hybdctl: unknown command '%s'\nTry 'hybdctl --help'.\n",
 		cmd);
 	return EXIT_USAGE;
