@@ -35,7 +35,8 @@ static const char general_help[] =
 "unknown command or option, a missing or malformed argument).\n";
 
 static const char list_opts[] =
-"  --json        one JSON array of objects: id, state, size (bytes),\n"
+"  --json        one JSON array of objects with the columns' values: id,\n"
+"                path, state, size (bytes), nr_hw_queues, queue_depth,\n"
 "                server_pid (0: no server)\n"
 "  -h, --help    show this help\n";
 
@@ -367,10 +368,14 @@ static int cmd_list(int argc, char **argv)
 			return failed("list", ret);
 		}
 		if (json) {
-			printf("%s{\"id\":%u,\"state\":\"%s\",\"size\":%" PRIu64
-			       ",\"server_pid\":%d}", shown ? "," : "",
+			/* the columns of the text, by info --json's names */
+			printf("%s{\"id\":%u,\"path\":\"/dev/hybd%u\","
+			       "\"state\":\"%s\",\"size\":%" PRIu64 ","
+			       "\"nr_hw_queues\":%u,\"queue_depth\":%u,"
+			       "\"server_pid\":%d}", shown ? "," : "", ids[i],
 			       ids[i], state_name(info.state),
-			       (uint64_t)b->dev_size, info.server_pid);
+			       (uint64_t)b->dev_size, b->nr_hw_queues,
+			       b->queue_depth, info.server_pid);
 		} else {
 			char dev[24];
 
@@ -465,8 +470,9 @@ static void info_json(uint32_t id, const struct hybd_dev_info *info)
 	const struct hybd_param_basic *b = &info->params.basic;
 	const struct hybd_param_discard *d = &info->params.discard;
 
-	printf("{\"id\":%u,\"state\":\"%s\",\"server_pid\":%d,", id,
-	       state_name(info->state), info->server_pid);
+	printf("{\"id\":%u,\"path\":\"/dev/hybd%u\",\"state\":\"%s\","
+	       "\"server_pid\":%d,", id, id, state_name(info->state),
+	       info->server_pid);
 	if (info->disk_major)
 		printf("\"disk\":\"%u:%u\",", info->disk_major,
 		       info->disk_minor);
@@ -1108,7 +1114,8 @@ static void stats_json(uint32_t id, const struct hybd_dev_info *info,
 {
 	uint32_t q;
 
-	printf("{\"id\":%u,\"nr_queues\":%u,", id, st->nr_queues);
+	printf("{\"id\":%u,\"path\":\"/dev/hybd%u\",\"nr_queues\":%u,", id,
+	       id, st->nr_queues);
 	bpf_json(info);
 	printf("\"bpf_attaches\":%u,", info->bpf_attaches);
 	if (now > 0) {
