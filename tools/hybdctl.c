@@ -3,6 +3,7 @@
  * hybdctl - list, inspect, add and delete hybd devices; attach, replace and
  * detach their BPF fast path; show their counters and latency histograms.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -12,55 +13,56 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <bpf/bpf.h>
+#include <bpf/btf.h>
 
 #include "hybd.h"
 
 #define EXIT_FAILED	1	/* the operation failed */
 #define EXIT_USAGE	2	/* the command line is wrong */
 
-static const char usage_text[] =
-"Usage: hybdctl COMMAND [ARGS]\n"
+/*
+ * Help.  Each command has a synopsis, a one-line summary (both shown by
+ * `hybdctl --help`) and the text `hybdctl COMMAND --help` adds: its options
+ * and what else it does.  The table of commands is at the end of the file.
+ */
+static const char general_help[] =
+"DEV is /dev/hybdN, hybdN or N.  'hybdctl COMMAND --help' shows a command's\n"
+"options.\n"
 "\n"
-"Commands:\n"
-"  list [--json]           list the devices\n"
-"  info DEV [--json]       show a device's state, parameters and counters\n"
-"  features [--json]       show the module's ABI version and features\n"
-"  add [OPTIONS]           add a device without a server (it stays \"added\")\n"
-"                          and print its id\n"
-"  del DEV [--force]       delete a device: a served one is drained first (a\n"
-"                          server that does not answer holds it up to the\n"
-"                          device's I/O timeout); --force fails outstanding\n"
-"                          I/O at once (unwritten data is lost), also for a\n"
-"                          delete already under way"
-"  attach PROG.bpf.o DEV [--replace]\n"
-"                          load a BPF fast path and attach it to DEV; link and\n"
-"                          maps are pinned under /sys/fs/bpf/hybd/N/ and stay\n"
-"                          after hybdctl exits.  --replace swaps it for DEV's\n"
-"                          attached program atomically (no request is lost)\n"
-"  detach DEV              detach DEV's fast path (removes the pins; the kernel\n"
-"                          stops calling the program before this returns)\n"
-"  stats DEV [--json] [--per-queue] [--watch SECONDS]\n"
-"                          fast- and slow-path completions, errors, rejected\n"
-"                          completions, requests by kind and both latency\n"
-"                          histograms (from submission to completion, in\n"
-"                          log2 buckets; p50/p99/mean are estimates from them)\n"
-"                          --json       one object: every counter, fast_lat\n"
-"                                       and slow_lat (32 counts, bucket i is\n"
-"                                       [2^i, 2^(i+1)) ns), *_est (p50, p99,\n"
-"                                       mean in ns), queues (--per-queue)\n"
-"                          --per-queue  each hardware queue too\n"
-"                          --watch S    again every S seconds (decimals are\n"
-"                                       fine) with the fast and slow\n"
-"                                       completion rates, until Ctrl-C;\n"
-"                                       with --json one object per line\n"
-"  help, --help            show this help\n"
-"  version, --version      show the version\n"
-"\n"
-"DEV is /dev/hybdN, hybdN or N.\n"
-"\n"
-"add options (BYTES takes a K, M, G or T suffix):\n"
+"Exit status: 0 success; 1 the operation failed (the device does not exist,\n"
+"the kernel refused, del found the device in use, ...); 2 usage error (an\n"
+"unknown command or option, a missing or malformed argument).\n";
+
+static const char list_opts[] =
+"  --json        one JSON array of objects with the columns' values: id,\n"
+"                path, state, size (bytes), nr_hw_queues, queue_depth,\n"
+"                server_pid (0: no server)\n"
+"  -h, --help    show this help\n";
+
+static const char info_opts[] =
+"  --json        one JSON object; the counters are in \"stats\"\n"
+"  -h, --help    show this help\n";
+
+static const char info_more[] =
+"Shows the attached fast path (name, link id) and how many times one was\n"
+"attached or replaced.  \"disk\" (major:minor) exists once a server has\n"
+"started the device.\n";
+
+static const char features_opts[] =
+"  --json        one JSON object\n"
+"  -h, --help    show this help\n";
+
+static const char add_opts[] =
 "  --size BYTES            device size (default 64M)\n"
 "  --lbs BYTES             logical block size (default 4096)\n"
 "  --pbs BYTES             physical block size (default 4096)\n"
@@ -78,12 +80,75 @@ static const char usage_text[] =
 "  --max-discard BYTES     discard limit (default: the kernel's)\n"
 "  --discard-granularity BYTES\n"
 "  --max-write-zeroes BYTES\n"
+"  -h, --help              show this help\n";
+
+static const char add_more[] =
+"BYTES takes a K, M, G or T suffix.  The device stays \"added\" (no\n"
+"/dev/hybdN) until a server starts it; it is a way to check parameters.\n"
+"Prints the new device's id.\n";
+
+static const char del_opts[] =
+"  --in-use      delete it even while it is in use; outstanding I/O is\n"
+"                still drained through the server\n"
+"  --force       delete it even while it is in use, and fail its\n"
+"                outstanding I/O at once (data the server has not written\n"
+"                is lost), also for a delete already under way\n"
+"  -h, --help    show this help\n";
+
+static const char del_more[] =
+"Without --in-use or --force, del refuses (exit 1) a device that is in\n"
+"use, naming the user: a file system mounted on it or on a partition, a\n"
+"swap area, a holder (device-mapper, md, ...), a loop device backed by\n"
+"it, a process that has it or a partition open (pid and command), or an\n"
+"exclusive claim it cannot name (a mount in another mount namespace...).\n"
+"The server's own node (/dev/hybdN-srv) does not count.  A device being\n"
+"deleted already is not checked.\n"
 "\n"
-"info shows the attached fast path (name, link id) and how many times one\n"
-"was attached or replaced.  PROG.bpf.o is built against bpf/hybd.bpf.h;\n"
-"a program the verifier refuses is reported with the end of its log.\n"
+"A served device is drained first: a server that does not answer holds\n"
+"the delete up to the device's I/O timeout (30 s without one).  A signal\n"
+"interrupts the wait; the delete goes on in the kernel.\n";
+
+static const char attach_opts[] =
+"  --replace     swap PROG for DEV's attached program atomically (no\n"
+"                request is lost)\n"
+"  -h, --help    show this help\n";
+
+static const char attach_more[] =
+"Loads PROG.bpf.o, built against bpf/hybd.bpf.h, and attaches it to DEV.\n"
+"Link and maps are pinned under /sys/fs/bpf/hybd/N/ and stay after\n"
+"hybdctl exits.  A program the verifier refuses is reported with the end\n"
+"of its log.\n";
+
+static const char detach_opts[] =
+"  -h, --help    show this help\n";
+
+static const char detach_more[] =
+"Removes the pins; the kernel stops calling the program before this\n"
+"returns.\n";
+
+static const char stats_opts[] =
+"  --json        one object: every counter, fast_lat and slow_lat (32\n"
+"                counts, bucket i is [2^i, 2^(i+1)) ns), *_est (p50, p99,\n"
+"                mean in ns), queues (--per-queue), maps (--maps)\n"
+"  --per-queue   each hardware queue too\n"
+"  --maps        the attached program's own counters: its global\n"
+"                variables (.bss, .data), by map and name\n"
+"  --watch S     again every S seconds (decimals are fine) with the fast\n"
+"                and slow completion rates, until Ctrl-C; with --json one\n"
+"                object per line\n"
+"  -h, --help    show this help\n";
+
+static const char stats_more[] =
+"Fast- and slow-path completions, errors, rejected completions, requests\n"
+"by kind and both latency histograms (from submission to completion, in\n"
+"log2 buckets; p50/p99/mean are estimates from them).\n"
 "\n"
-"Exit status: 0 success, 1 the operation failed, 2 usage error.\n";
+"--maps shows each global variable of the program that is an integer (in\n"
+"decimal) or an array of integers; anything else in hex, or not at all\n"
+"above 64 bytes (null in JSON).  A program without global variables has\n"
+"\"no counters\" (\"maps\": {}); without a fast path, \"maps\" is null.\n"
+"They are found from the device's BPF link, so a program a driver\n"
+"attached without pinning shows them too.\n";
 
 static const char *const state_names[] = {
 	[HYBD_STATE_ADDED] = "added",
@@ -118,6 +183,9 @@ static const struct {
 };
 
 #define ARRAY_SIZE(a)	(sizeof(a) / sizeof((a)[0]))
+
+/* del checks the disk and this many of its partitions */
+#define HYBD_MAX_PARTS_SHOWN	64
 
 /*
  * The operation failed: say what and why, return the exit code.  A message
@@ -157,8 +225,38 @@ static int usage_error(const char *cmd, const char *fmt, ...)
 	va_start(ap, fmt);
 	vfprintf(stderr, fmt, ap);
 	va_end(ap);
-	fprintf(stderr, "\nTry 'hybdctl --help'.\n");
+	fprintf(stderr, "\nTry 'hybdctl %s --help'.\n", cmd);
 	return EXIT_USAGE;
+}
+
+/* The command's help on stdout; EXIT_SUCCESS.  Defined after the table. */
+static int command_help(const char *cmd);
+
+/*
+ * getopt_long() returned '?' or ':' (@c) for the option at argv[optind - 1]:
+ * say which option was wrong and how, as a usage error.  @opts are the
+ * command's long options.
+ */
+static int option_error(const char *cmd, int c, char **argv,
+			const struct option *opts)
+{
+	const char *arg = argv[optind - 1], *eq;
+	size_t len;
+
+	if (c == ':')
+		return usage_error(cmd, "option '%s' needs a value", arg);
+	if (optopt && (arg[0] != '-' || arg[1] != '-'))
+		return usage_error(cmd, "unknown option '-%c'", optopt);
+	/* "--json=x": a known option given a value it does not take */
+	eq = strchr(arg, '=');
+	len = eq ? (size_t)(eq - arg) : 0;
+	for (; eq && opts->name; opts++) {
+		if (len > 2 && !strncmp(opts->name, arg + 2, len - 2) &&
+		    opts->has_arg == no_argument)
+			return usage_error(cmd, "option '--%s' takes no value",
+					   opts->name);
+	}
+	return usage_error(cmd, "unknown option '%s'", arg);
 }
 
 static const char *state_name(uint32_t state)
@@ -219,17 +317,15 @@ static int parse_json_opt(const char *cmd, int argc, char **argv, int *json)
 
 	optind = 1;
 	opterr = 0;
-	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
 		switch (c) {
 		case 'j':
 			*json = 1;
 			break;
 		case 'h':
-			fputs(usage_text, stdout);
-			return EXIT_SUCCESS;
+			return command_help(cmd);
 		default:
-			return usage_error(cmd, "unknown option '%s'",
-					   argv[optind - 1]);
+			return option_error(cmd, c, argv, opts);
 		}
 	}
 	return -1;
@@ -304,10 +400,14 @@ static int cmd_list(int argc, char **argv)
 			return failed("list", ret);
 		}
 		if (json) {
-			printf("%s{\"id\":%u,\"state\":\"%s\",\"size\":%" PRIu64
-			       ",\"server_pid\":%d}", shown ? "," : "",
+			/* the columns of the text, by info --json's names */
+			printf("%s{\"id\":%u,\"path\":\"/dev/hybd%u\","
+			       "\"state\":\"%s\",\"size\":%" PRIu64 ","
+			       "\"nr_hw_queues\":%u,\"queue_depth\":%u,"
+			       "\"server_pid\":%d}", shown ? "," : "", ids[i],
 			       ids[i], state_name(info.state),
-			       (uint64_t)b->dev_size, info.server_pid);
+			       (uint64_t)b->dev_size, b->nr_hw_queues,
+			       b->queue_depth, info.server_pid);
 		} else {
 			char dev[24];
 
@@ -402,8 +502,9 @@ static void info_json(uint32_t id, const struct hybd_dev_info *info)
 	const struct hybd_param_basic *b = &info->params.basic;
 	const struct hybd_param_discard *d = &info->params.discard;
 
-	printf("{\"id\":%u,\"state\":\"%s\",\"server_pid\":%d,", id,
-	       state_name(info->state), info->server_pid);
+	printf("{\"id\":%u,\"path\":\"/dev/hybd%u\",\"state\":\"%s\","
+	       "\"server_pid\":%d,", id, id, state_name(info->state),
+	       info->server_pid);
 	if (info->disk_major)
 		printf("\"disk\":\"%u:%u\",", info->disk_major,
 		       info->disk_minor);
@@ -530,21 +631,523 @@ static int cmd_info(int argc, char **argv)
 	return EXIT_SUCCESS;
 }
 
+/* ------------------------------------------------------- del's in-use check */
+
+/* One block device of a disk: the whole disk or a partition. */
+struct blk_node {
+	dev_t devt;
+	char name[64];		/* hybd0, hybd0p1: /dev/<name> */
+};
+
+/* What del found using a disk. */
+struct in_use {
+	struct blk_node nodes[HYBD_MAX_PARTS_SHOWN];
+	size_t nr_nodes;
+	char *why;		/* the reasons, "; "-separated */
+	size_t len, size;
+	int explained;		/* a reason that explains an exclusive claim */
+};
+
+/* how long del lets transient openers (udev's probe) go away */
+#define IN_USE_SETTLE_MS	3000
+/* how long the probing open may take */
+#define IN_USE_PROBE_MS		5000
+/* openers named per block device */
+#define IN_USE_PIDS_SHOWN	5
+
+static void in_use_add(struct in_use *u, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
+static void in_use_add(struct in_use *u, const char *fmt, ...)
+{
+	va_list ap;
+	char *p;
+	int n;
+
+	va_start(ap, fmt);
+	n = vsnprintf(NULL, 0, fmt, ap);
+	va_end(ap);
+	if (n < 0)
+		return;
+	if (u->len + n + 3 > u->size) {
+		size_t size = (u->len + n + 3) * 2;
+
+		p = realloc(u->why, size);
+		if (!p)
+			return;
+		u->why = p;
+		u->size = size;
+	}
+	if (u->len) {
+		memcpy(u->why + u->len, "; ", 2);
+		u->len += 2;
+	}
+	va_start(ap, fmt);
+	vsnprintf(u->why + u->len, u->size - u->len, fmt, ap);
+	va_end(ap);
+	u->len += n;
+}
+
+/* The first line of a small file, without its newline; -1 if unreadable. */
+static int read_line(const char *path, char *buf, size_t size)
+{
+	FILE *f = fopen(path, "re");
+	int ok;
+
+	if (!f)
+		return -1;
+	ok = fgets(buf, size, f) != NULL;
+	fclose(f);
+	if (!ok)
+		return -1;
+	buf[strcspn(buf, "\n")] = '\0';
+	return 0;
+}
+
+/* "major:minor" of a sysfs dev file; -1 if unreadable. */
+static int read_devt(const char *path, dev_t *devt)
+{
+	unsigned int maj, min;
+	char buf[32];
+
+	if (read_line(path, buf, sizeof(buf)) ||
+	    sscanf(buf, "%u:%u", &maj, &min) != 2)
+		return -1;
+	*devt = makedev(maj, min);
+	return 0;
+}
+
+static const struct blk_node *node_of(const struct in_use *u, dev_t devt)
+{
+	size_t i;
+
+	for (i = 0; i < u->nr_nodes; i++) {
+		if (u->nodes[i].devt == devt)
+			return &u->nodes[i];
+	}
+	return NULL;
+}
+
+/* The node a path names: "/dev/<name>", or a block special file of ours. */
+static const struct blk_node *node_of_path(const struct in_use *u,
+					   const char *path)
+{
+	struct stat st;
+	size_t i;
+
+	for (i = 0; i < u->nr_nodes; i++) {
+		if (!strncmp(path, "/dev/", 5) &&
+		    !strcmp(path + 5, u->nodes[i].name))
+			return &u->nodes[i];
+	}
+	if (path[0] == '/' && !stat(path, &st) && S_ISBLK(st.st_mode))
+		return node_of(u, st.st_rdev);
+	return NULL;
+}
+
+/* The disk @devt and its partitions, from sysfs. */
+static void find_nodes(struct in_use *u, dev_t devt)
+{
+	char dir[64], path[PATH_MAX], link[PATH_MAX];
+	struct blk_node *n = &u->nodes[0];
+	struct dirent *de;
+	ssize_t len;
+	DIR *d;
+
+	snprintf(dir, sizeof(dir), "/sys/dev/block/%u:%u", major(devt),
+		 minor(devt));
+	n->devt = devt;
+	len = readlink(dir, link, sizeof(link) - 1);
+	link[len > 0 ? len : 0] = '\0';
+	snprintf(n->name, sizeof(n->name), "%s",
+		 strrchr(link, '/') ? strrchr(link, '/') + 1 : "");
+	u->nr_nodes = 1;
+	d = opendir(dir);
+	if (!d)
+		return;
+	while ((de = readdir(d)) && u->nr_nodes < ARRAY_SIZE(u->nodes)) {
+		n = &u->nodes[u->nr_nodes];
+		snprintf(path, sizeof(path), "%s/%s/partition", dir, de->d_name);
+		if (de->d_name[0] == '.' || access(path, F_OK))
+			continue;
+		snprintf(path, sizeof(path), "%s/%s/dev", dir, de->d_name);
+		if (read_devt(path, &n->devt))
+			continue;
+		snprintf(n->name, sizeof(n->name), "%.63s", de->d_name);
+		u->nr_nodes++;
+	}
+	closedir(d);
+}
+
+/* Undo the octal escapes (\040) of /proc/self/mountinfo and /proc/swaps. */
+static void unescape(char *s)
+{
+	char *out = s;
+
+	for (; *s; s++) {
+		if (s[0] == '\\' && s[1] >= '0' && s[1] <= '3' &&
+		    s[2] >= '0' && s[2] <= '7' && s[3] >= '0' && s[3] <= '7') {
+			*out++ = (char)((s[1] - '0') << 6 | (s[2] - '0') << 3 |
+					(s[3] - '0'));
+			s += 3;
+		} else {
+			*out++ = *s;
+		}
+	}
+	*out = '\0';
+}
+
+/*
+ * Mounts in our mount namespace of any node: by the major:minor field or
+ * by the source (btrfs shows an anonymous major:minor).
+ */
+static void check_mounts(struct in_use *u)
+{
+	FILE *f = fopen("/proc/self/mountinfo", "re");
+	char *line = NULL, *tok, *save, *mnt, *src;
+	const struct blk_node *n;
+	unsigned int maj, min;
+	size_t cap = 0;
+	int field, dash;
+
+	if (!f)
+		return;
+	while (getline(&line, &cap, f) > 0) {
+		mnt = src = NULL;
+		maj = min = 0;
+		dash = 0;
+		field = 0;
+		for (tok = strtok_r(line, " \n", &save); tok;
+		     tok = strtok_r(NULL, " \n", &save), field++) {
+			if (field == 2 && sscanf(tok, "%u:%u", &maj, &min) != 2)
+				maj = min = 0;
+			else if (field == 4)
+				mnt = tok;
+			else if (!dash && field > 5 && !strcmp(tok, "-"))
+				dash = field;
+			else if (dash && field == dash + 2)
+				src = tok;
+		}
+		if (!mnt)
+			continue;
+		n = node_of(u, makedev(maj, min));
+		if (!n && src) {
+			unescape(src);
+			n = node_of_path(u, src);
+		}
+		if (!n)
+			continue;
+		unescape(mnt);
+		in_use_add(u, "/dev/%s is mounted on %s", n->name, mnt);
+		u->explained = 1;
+	}
+	free(line);
+	fclose(f);
+}
+
+static void check_swaps(struct in_use *u)
+{
+	FILE *f = fopen("/proc/swaps", "re");
+	const struct blk_node *n;
+	char *line = NULL;
+	size_t cap = 0;
+
+	if (!f)
+		return;
+	while (getline(&line, &cap, f) > 0) {
+		line[strcspn(line, " \t\n")] = '\0';
+		unescape(line);
+		n = node_of_path(u, line);
+		if (n) {
+			in_use_add(u, "/dev/%s is in use as swap", n->name);
+			u->explained = 1;
+		}
+	}
+	free(line);
+	fclose(f);
+}
+
+/* holders/ of each node: device-mapper, md, bcache... on top of it. */
+static void check_holders(struct in_use *u)
+{
+	char path[PATH_MAX], name[128];
+	struct dirent *de;
+	size_t i;
+	DIR *d;
+
+	for (i = 0; i < u->nr_nodes; i++) {
+		snprintf(path, sizeof(path), "/sys/dev/block/%u:%u/holders",
+			 major(u->nodes[i].devt), minor(u->nodes[i].devt));
+		d = opendir(path);
+		if (!d)
+			continue;
+		while ((de = readdir(d))) {
+			if (de->d_name[0] == '.')
+				continue;
+			snprintf(path, sizeof(path), "/sys/class/block/%s/dm/name",
+				 de->d_name);
+			if (read_line(path, name, sizeof(name)) || !name[0])
+				in_use_add(u, "/dev/%s is held by %s",
+					   u->nodes[i].name, de->d_name);
+			else
+				in_use_add(u, "/dev/%s is held by %s (%s)",
+					   u->nodes[i].name, de->d_name, name);
+			u->explained = 1;
+		}
+		closedir(d);
+	}
+}
+
+/* A loop device keeps its backing file open from the kernel. */
+static void check_loops(struct in_use *u)
+{
+	char path[PATH_MAX], file[PATH_MAX];
+	const struct blk_node *n;
+	struct dirent *de;
+	DIR *d = opendir("/sys/block");
+
+	if (!d)
+		return;
+	while ((de = readdir(d))) {
+		if (strncmp(de->d_name, "loop", 4))
+			continue;
+		snprintf(path, sizeof(path), "/sys/block/%s/loop/backing_file",
+			 de->d_name);
+		if (read_line(path, file, sizeof(file)))
+			continue;
+		n = node_of_path(u, file);
+		if (n)
+			in_use_add(u, "/dev/%s backs /dev/%s", n->name,
+				   de->d_name);
+	}
+	closedir(d);
+}
+
+/* Does process @pid have a node open?  Its descriptors, followed. */
+static void pid_opens(const char *pid, const struct in_use *u, int *open)
+{
+	char dir[64], path[PATH_MAX], target[16];
+	const struct blk_node *n;
+	struct dirent *de;
+	struct stat st;
+	DIR *d;
+
+	snprintf(dir, sizeof(dir), "/proc/%.20s/fd", pid);
+	d = opendir(dir);
+	if (!d)
+		return;
+	while ((de = readdir(d))) {
+		if (de->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", dir, de->d_name);
+		/* sockets, pipes, anon inodes: nothing to stat */
+		if (readlink(path, target, sizeof(target)) < 1 ||
+		    target[0] != '/')
+			continue;
+		if (stat(path, &st) || !S_ISBLK(st.st_mode))
+			continue;
+		n = node_of(u, st.st_rdev);
+		if (n)
+			open[n - u->nodes] = 1;
+	}
+	closedir(d);
+}
+
+/*
+ * The processes that hold a node open, as "pid 12 (cat), pid 34 (fio)"
+ * per node in @who (empty if none).  Returns how many nodes are open.
+ */
+static int scan_openers(const struct in_use *u,
+			char who[][IN_USE_PIDS_SHOWN * 40 + 32])
+{
+	int open[HYBD_MAX_PARTS_SHOWN], shown[HYBD_MAX_PARTS_SHOWN] = { 0 };
+	int more[HYBD_MAX_PARTS_SHOWN] = { 0 }, nodes = 0;
+	char self[16], comm[32], path[64];
+	struct dirent *de;
+	size_t i, len;
+	DIR *d;
+
+	for (i = 0; i < u->nr_nodes; i++)
+		who[i][0] = '\0';
+	d = opendir("/proc");
+	if (!d)
+		return 0;
+	snprintf(self, sizeof(self), "%d", (int)getpid());
+	while ((de = readdir(d))) {
+		if (!isdigit((unsigned char)de->d_name[0]) ||
+		    !strcmp(de->d_name, self))
+			continue;
+		memset(open, 0, sizeof(open));
+		pid_opens(de->d_name, u, open);
+		for (i = 0; i < u->nr_nodes; i++) {
+			if (!open[i])
+				continue;
+			if (shown[i] == IN_USE_PIDS_SHOWN) {
+				more[i]++;
+				continue;
+			}
+			snprintf(path, sizeof(path), "/proc/%.20s/comm",
+				 de->d_name);
+			if (read_line(path, comm, sizeof(comm)))
+				snprintf(comm, sizeof(comm), "?");
+			len = strlen(who[i]);
+			snprintf(who[i] + len, sizeof(who[i]) - len,
+				 "%spid %s (%s)", len ? ", " : "", de->d_name,
+				 comm);
+			nodes += !shown[i]++;
+		}
+	}
+	closedir(d);
+	for (i = 0; i < u->nr_nodes; i++) {
+		len = strlen(who[i]);
+		if (more[i])
+			snprintf(who[i] + len, sizeof(who[i]) - len,
+				 " and %d more", more[i]);
+	}
+	return nodes;
+}
+
+static void sleep_ms(unsigned int ms)
+{
+	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000 };
+
+	nanosleep(&ts, NULL);
+}
+
+/*
+ * Processes with a node open, fuser-style.  One that closes it within
+ * IN_USE_SETTLE_MS is not counted: udev probes every new disk.
+ */
+static void check_openers(struct in_use *u)
+{
+	static char who[HYBD_MAX_PARTS_SHOWN][IN_USE_PIDS_SHOWN * 40 + 32];
+	unsigned int waited;
+	size_t i;
+
+	for (waited = 0; scan_openers(u, who) && waited < IN_USE_SETTLE_MS;
+	     waited += 100)
+		sleep_ms(100);
+	for (i = 0; i < u->nr_nodes; i++) {
+		if (!who[i][0])
+			continue;
+		in_use_add(u, "/dev/%s is open in %s", u->nodes[i].name, who[i]);
+		u->explained = 1;	/* one of them may hold it exclusively */
+	}
+}
+
+/*
+ * What the checks above cannot see (a mount in another mount namespace, a
+ * btrfs or md member, a process in another pid namespace...): an exclusive
+ * open of the whole disk fails with EBUSY while it or a partition is
+ * claimed.  Opening a block device can wait (for the disk's open mutex,
+ * or a partition scan a stuck server does not serve), so a child does it,
+ * and a child that does not answer in time is left to finish alone.
+ */
+static void probe_exclusive(struct in_use *u)
+{
+	const struct blk_node *n = &u->nodes[0];
+	unsigned int waited;
+	char path[80];
+	struct stat st;
+	int status, fd;
+	pid_t pid, got;
+
+	snprintf(path, sizeof(path), "/dev/%s", n->name);
+	if (stat(path, &st) || !S_ISBLK(st.st_mode) || st.st_rdev != n->devt)
+		return;		/* no node to open: the checks above must do */
+	fflush(NULL);
+	pid = fork();
+	if (pid < 0)
+		return;
+	if (!pid) {
+		/* read-only: closing it makes no inotify write event */
+		fd = open(path, O_RDONLY | O_EXCL | O_NONBLOCK | O_CLOEXEC);
+		_exit(fd < 0 ? (errno & 0xff) : 0);
+	}
+	for (waited = 0; waited < IN_USE_PROBE_MS; waited += 10) {
+		got = waitpid(pid, &status, WNOHANG);
+		if (got == pid || (got < 0 && errno != EINTR))
+			break;
+		sleep_ms(10);
+	}
+	if (waited >= IN_USE_PROBE_MS) {
+		kill(pid, SIGKILL);
+		in_use_add(u, "opening %s to check it did not return within %u s (is its server stopped?)",
+			   path, IN_USE_PROBE_MS / 1000);
+		return;
+	}
+	if (got == pid && WIFEXITED(status) && WEXITSTATUS(status) == EBUSY &&
+	    !u->explained)
+		in_use_add(u, "%s is claimed exclusively (a mount in another mount namespace, a RAID or volume member, ...)",
+			   path);
+}
+
+/*
+ * Is device @id in use?  Prints why and returns EXIT_FAILED if it is, -1
+ * if it is not (or cannot be checked: no block device yet, a delete under
+ * way, an error the delete itself will report).
+ */
+static int check_in_use(uint32_t id)
+{
+	struct hybd_dev_info info;
+	struct in_use u;
+
+	if (hybd_ctl_info(id, &info) || !info.disk_major ||
+	    info.state == HYBD_STATE_DELETING)
+		return -1;
+	memset(&u, 0, sizeof(u));
+	find_nodes(&u, makedev(info.disk_major, info.disk_minor));
+	check_mounts(&u);
+	check_swaps(&u);
+	check_holders(&u);
+	check_loops(&u);
+	check_openers(&u);
+	if (info.state == HYBD_STATE_LIVE || info.state == HYBD_STATE_DEAD)
+		probe_exclusive(&u);
+	if (!u.len)
+		return -1;
+	fprintf(stderr, "hybdctl: del: %s (use --in-use or --force to delete anyway)\n",
+		u.why);
+	free(u.why);
+	return EXIT_FAILED;
+}
+
 static int cmd_del(int argc, char **argv)
 {
+	static const struct option opts[] = {
+		{ "force", no_argument, NULL, 'f' },
+		{ "in-use", no_argument, NULL, 'u' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
 	uint32_t id, flags = 0;
-	int i, n = 0, ret;
+	int c, ret, check = 1;
 
-	/* --force anywhere; what is left must be exactly DEV */
-	for (i = 1; i < argc; i++) {
-		if (!strcmp(argv[i], "--force"))
+	optind = 1;
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'f':
 			flags |= HYBD_DEL_F_FORCE;
-		else
-			argv[++n] = argv[i];
+			check = 0;
+			break;
+		case 'u':
+			check = 0;
+			break;
+		case 'h':
+			return command_help("del");
+		default:
+			return option_error("del", c, argv, opts);
+		}
 	}
-	ret = dev_arg_only("del", n + 1, argv, &id);
+	ret = one_dev_arg("del", argc, argv, &id);
 	if (ret >= 0)
 		return ret;
+	if (check) {
+		ret = check_in_use(id);
+		if (ret >= 0)
+			return ret;
+	}
 	ret = hybd_ctl_del_flags(id, flags);
 	if (ret < 0)
 		return failed("del", ret);
@@ -683,7 +1286,7 @@ static int cmd_add(int argc, char **argv)
 	optind = 1;
 	opterr = 0;
 	while (ret < 0 &&
-	       (c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+	       (c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
 		switch (c) {
 		case OPT_SIZE:
 			if (hybd_parse_size(optarg, &cfg.size) < 0)
@@ -744,13 +1347,9 @@ static int cmd_add(int argc, char **argv)
 					    &cfg.max_write_zeroes_bytes);
 			break;
 		case 'h':
-			fputs(usage_text, stdout);
-			return EXIT_SUCCESS;
-		case ':':
-		case '?':
+			return command_help("add");
 		default:
-			ret = usage_error("add", "unknown option or missing value: '%s'",
-					  argv[optind - 1]);
+			ret = option_error("add", c, argv, opts);
 			break;
 		}
 	}
@@ -799,17 +1398,15 @@ static int cmd_attach(int argc, char **argv)
 
 	optind = 1;
 	opterr = 0;
-	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
 		switch (c) {
 		case 'r':
 			flags |= HYBD_BPF_F_REPLACE;
 			break;
 		case 'h':
-			fputs(usage_text, stdout);
-			return EXIT_SUCCESS;
+			return command_help("attach");
 		default:
-			return usage_error("attach", "unknown option '%s'",
-					   argv[optind - 1]);
+			return option_error("attach", c, argv, opts);
 		}
 	}
 	if (argc - optind != 2)
@@ -861,6 +1458,491 @@ static int cmd_detach(int argc, char **argv)
 	printf("detached %s from /dev/hybd%u\n", desc[0] ? desc : "the fast path",
 	       id);
 	return EXIT_SUCCESS;
+}
+
+/* ------------------------------------------------------ program counters */
+
+/*
+ * The attached program's own counters: its global variables, which libbpf
+ * keeps in one array map per section (.bss, .data; "cache.bss").  They are
+ * found from the device's link, not from the pins (libhybd pins no
+ * internal map, and a program a driver attached is not pinned at all):
+ * link -> struct_ops map, whose value holds the id of each callback's
+ * program -> the maps those programs use -> the ones whose BTF value type
+ * is a .bss or .data DATASEC, read and shown variable by variable.
+ */
+
+/* one variable: its map and name, its value as text and as JSON */
+struct prog_counter {
+	char map[BPF_OBJ_NAME_LEN];
+	char *name;
+	char *text;
+	char *json;
+};
+
+struct prog_counters {
+	int attached;			/* a fast path is attached */
+	size_t nr;
+	struct prog_counter *v;
+	char err[160];			/* why they could not be read, or "" */
+};
+
+#define MAX_OPS_PROGS	16
+#define MAX_PROG_MAPS	64
+#define MAX_ARRAY_SHOWN	64	/* elements of an array of integers */
+#define MAX_HEX_SHOWN	64	/* bytes of anything else */
+
+static void prog_counters_free(struct prog_counters *pc)
+{
+	size_t i;
+
+	for (i = 0; i < pc->nr; i++) {
+		free(pc->v[i].name);
+		free(pc->v[i].text);
+		free(pc->v[i].json);
+	}
+	free(pc->v);
+	memset(pc, 0, sizeof(*pc));
+}
+
+static const struct btf_type *skip_mods(const struct btf *btf, __u32 *id)
+{
+	const struct btf_type *t = btf__type_by_id(btf, *id);
+
+	while (t && (btf_is_mod(t) || btf_is_typedef(t))) {
+		*id = t->type;
+		t = btf__type_by_id(btf, *id);
+	}
+	return t;
+}
+
+/* An integer of 1, 2, 4 or 8 bytes (or an enum): its size, or 0. */
+static unsigned int int_size(const struct btf_type *t, int *is_signed)
+{
+	*is_signed = 0;
+	if (btf_is_int(t)) {
+		if (btf_int_offset(t) || btf_int_bits(t) != t->size * 8)
+			return 0;	/* a bit field */
+		*is_signed = !!(btf_int_encoding(t) & BTF_INT_SIGNED);
+	} else if (btf_is_any_enum(t)) {
+		*is_signed = btf_kflag(t);
+	} else {
+		return 0;
+	}
+	return t->size == 1 || t->size == 2 || t->size == 4 || t->size == 8 ?
+	       t->size : 0;
+}
+
+static void put_int(FILE *f, const unsigned char *p, unsigned int size,
+		    int is_signed)
+{
+	uint64_t u = 0;
+	int64_t i;
+
+	switch (size) {
+	case 1: { uint8_t v; memcpy(&v, p, 1); u = v; i = (int8_t)v; break; }
+	case 2: { uint16_t v; memcpy(&v, p, 2); u = v; i = (int16_t)v; break; }
+	case 4: { uint32_t v; memcpy(&v, p, 4); u = v; i = (int32_t)v; break; }
+	default: memcpy(&u, p, 8); i = (int64_t)u; break;
+	}
+	if (is_signed)
+		fprintf(f, "%" PRId64, i);
+	else
+		fprintf(f, "%" PRIu64, u);
+}
+
+/*
+ * Format the variable of type @id at @p (@size bytes): an integer in
+ * decimal, an array of up to MAX_ARRAY_SHOWN integers as a list, anything
+ * else of up to MAX_HEX_SHOWN bytes in hex, larger ones not at all.
+ */
+static void format_var(const struct btf *btf, __u32 id, const unsigned char *p,
+		       __u32 size, FILE *text, FILE *json)
+{
+	const struct btf_type *t = skip_mods(btf, &id), *et;
+	unsigned int isz, i, n;
+	__u32 eid;
+	int sgn;
+
+	if (t && (isz = int_size(t, &sgn)) && isz == size) {
+		put_int(text, p, isz, sgn);
+		put_int(json, p, isz, sgn);
+		return;
+	}
+	if (t && btf_is_array(t)) {
+		eid = btf_array(t)->type;
+		et = skip_mods(btf, &eid);
+		n = btf_array(t)->nelems;
+		isz = et ? int_size(et, &sgn) : 0;
+		if (isz && (uint64_t)n * isz == size && n <= MAX_ARRAY_SHOWN) {
+			fputc('[', text);
+			fputc('[', json);
+			for (i = 0; i < n; i++) {
+				fputs(i ? ", " : "", text);
+				fputs(i ? "," : "", json);
+				put_int(text, p + i * isz, isz, sgn);
+				put_int(json, p + i * isz, isz, sgn);
+			}
+			fputc(']', text);
+			fputc(']', json);
+			return;
+		}
+	}
+	if (size > MAX_HEX_SHOWN) {
+		fprintf(text, "(%u bytes, not shown)", size);
+		fputs("null", json);
+		return;
+	}
+	fputs("0x", text);
+	fputs("\"0x", json);
+	for (i = 0; i < size; i++) {
+		fprintf(text, "%02x", p[i]);
+		fprintf(json, "%02x", p[i]);
+	}
+	fputc('"', json);
+}
+
+static int counters_add(struct prog_counters *pc, const char *map,
+			const char *name)
+{
+	struct prog_counter *v = realloc(pc->v, (pc->nr + 1) * sizeof(*v));
+
+	if (!v)
+		return -ENOMEM;
+	pc->v = v;
+	v += pc->nr;
+	memset(v, 0, sizeof(*v));
+	snprintf(v->map, sizeof(v->map), "%s", map);
+	v->name = strdup(name);
+	if (!v->name)
+		return -ENOMEM;
+	pc->nr++;
+	return 0;
+}
+
+/* The variables of map @map_id, if it holds a .bss or .data section. */
+static int read_global_map(struct prog_counters *pc, __u32 map_id)
+{
+	const struct btf_var_secinfo *vs;
+	struct bpf_map_info mi;
+	__u32 len = sizeof(mi), key = 0, i;
+	const struct btf_type *t, *var;
+	struct prog_counter *v;
+	struct btf *btf = NULL;
+	unsigned char *val = NULL;
+	const char *sec;
+	size_t tsz, jsz;
+	FILE *text, *json;
+	int fd, ret;
+
+	fd = bpf_map_get_fd_by_id(map_id);
+	if (fd < 0)
+		return fd == -ENOENT ? 0 : fd;	/* gone meanwhile */
+	memset(&mi, 0, sizeof(mi));
+	ret = bpf_map_get_info_by_fd(fd, &mi, &len);
+	if (ret || mi.type != BPF_MAP_TYPE_ARRAY || !mi.btf_id ||
+	    !mi.btf_value_type_id || !mi.value_size)
+		goto out;
+	btf = btf__load_from_kernel_by_id(mi.btf_id);
+	if (!btf) {
+		ret = -errno;
+		goto out;
+	}
+	t = btf__type_by_id(btf, mi.btf_value_type_id);
+	sec = t ? btf__name_by_offset(btf, t->name_off) : NULL;
+	if (!t || !btf_is_datasec(t) || !sec ||
+	    (strncmp(sec, ".bss", 4) && strncmp(sec, ".data", 5)))
+		goto out;	/* a map, .rodata or .kconfig */
+	val = calloc(1, mi.value_size);
+	if (!val) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	ret = bpf_map_lookup_elem(fd, &key, val);
+	if (ret)
+		goto out;
+	vs = btf_var_secinfos(t);
+	for (i = 0; i < btf_vlen(t); i++, vs++) {
+		var = btf__type_by_id(btf, vs->type);
+		if (!var || !btf_is_var(var) ||
+		    (uint64_t)vs->offset + vs->size > mi.value_size)
+			continue;
+		ret = counters_add(pc, mi.name,
+				   btf__name_by_offset(btf, var->name_off));
+		if (ret)
+			goto out;
+		v = &pc->v[pc->nr - 1];
+		text = open_memstream(&v->text, &tsz);
+		json = open_memstream(&v->json, &jsz);
+		if (text && json)
+			format_var(btf, var->type, val + vs->offset, vs->size,
+				   text, json);
+		if (text)
+			fclose(text);
+		if (json)
+			fclose(json);
+		if (!v->text || !v->json) {
+			ret = -ENOMEM;
+			goto out;
+		}
+	}
+out:
+	free(val);
+	btf__free(btf);
+	close(fd);
+	return ret;
+}
+
+/* The BTF of vmlinux, loaded once (several MB: --watch asks again). */
+static struct btf *vmlinux_btf(void)
+{
+	static struct btf *btf;
+
+	if (!btf)
+		btf = btf__load_vmlinux_btf();
+	return btf;
+}
+
+/*
+ * The ids of the programs of struct_ops map @fd (at most @room): the
+ * kernel's view of the map's value has each callback's program id where
+ * the user space value had its fd.  Returns the count or -errno.
+ */
+static int ops_prog_ids(int fd, __u32 *ids, int room)
+{
+	const struct btf_type *vt, *dt;
+	const struct btf_member *m;
+	struct bpf_map_info mi;
+	__u32 len = sizeof(mi), key = 0, id, i, j;
+	struct btf *base, *btf = NULL;
+	unsigned char *val = NULL;
+	size_t data_off = 0, psz;
+	int n = 0, ret, found = 0;
+	uint64_t prog;
+
+	memset(&mi, 0, sizeof(mi));
+	ret = bpf_map_get_info_by_fd(fd, &mi, &len);
+	if (ret)
+		return ret;
+	base = vmlinux_btf();
+	if (!base)
+		return -errno;
+	if (mi.btf_vmlinux_id)
+		btf = btf__load_from_kernel_by_id_split(mi.btf_vmlinux_id, base);
+	else
+		btf = btf__parse_split("/sys/kernel/btf/hybd", base);
+	if (!btf)
+		return -errno;
+	val = calloc(1, mi.value_size);
+	ret = val ? bpf_map_lookup_elem(fd, &key, val) : -ENOMEM;
+	if (ret)
+		goto out;
+	/* struct bpf_struct_ops_hybd_bpf_ops { common; struct hybd_bpf_ops data; } */
+	vt = btf__type_by_id(btf, mi.btf_vmlinux_value_type_id);
+	ret = -ENOENT;
+	if (!vt || !btf_is_struct(vt))
+		goto out;
+	m = btf_members(vt);
+	for (i = 0; i < btf_vlen(vt) && !found; i++, m++) {
+		if (!strcmp(btf__name_by_offset(btf, m->name_off), "data")) {
+			data_off = btf_member_bit_offset(vt, i) / 8;
+			id = m->type;
+			found = 1;
+		}
+	}
+	dt = found ? skip_mods(btf, &id) : NULL;
+	if (!dt || !btf_is_struct(dt))
+		goto out;
+	psz = btf__pointer_size(btf);
+	if (psz != 4 && psz != 8)
+		psz = sizeof(void *);
+	m = btf_members(dt);
+	for (i = 0; i < btf_vlen(dt); i++, m++) {
+		const struct btf_type *mt;
+		size_t off = data_off + btf_member_bit_offset(dt, i) / 8;
+
+		id = m->type;
+		mt = skip_mods(btf, &id);
+		if (!mt || !btf_is_ptr(mt) || off + psz > mi.value_size)
+			continue;
+		id = mt->type;
+		mt = skip_mods(btf, &id);
+		if (!mt || !btf_is_func_proto(mt))
+			continue;
+		prog = 0;
+		memcpy(&prog, val + off, psz);	/* little-endian hosts */
+		if (!prog)
+			continue;
+		for (j = 0; j < (__u32)n && ids[j] != prog; j++)
+			;
+		if (j == (__u32)n && n < room)
+			ids[n++] = (__u32)prog;
+	}
+	ret = n;
+out:
+	free(val);
+	btf__free(btf);
+	return ret;
+}
+
+/* The maps the programs @ids use, unique; returns the count or -errno. */
+static int progs_map_ids(const __u32 *ids, int n, __u32 *maps, int room)
+{
+	__u32 used[MAX_PROG_MAPS], len, k, j;
+	struct bpf_prog_info pi;
+	int i, fd, nr = 0, ret;
+
+	for (i = 0; i < n; i++) {
+		fd = bpf_prog_get_fd_by_id(ids[i]);
+		if (fd < 0)
+			return fd;
+		memset(&pi, 0, sizeof(pi));
+		pi.nr_map_ids = MAX_PROG_MAPS;
+		pi.map_ids = (__u64)(uintptr_t)used;
+		len = sizeof(pi);
+		ret = bpf_prog_get_info_by_fd(fd, &pi, &len);
+		close(fd);
+		if (ret)
+			return ret;
+		for (k = 0; k < pi.nr_map_ids && k < MAX_PROG_MAPS; k++) {
+			for (j = 0; j < (__u32)nr && maps[j] != used[k]; j++)
+				;
+			if (j == (__u32)nr && nr < room)
+				maps[nr++] = used[k];
+		}
+	}
+	return nr;
+}
+
+/* The device's link: by the id info gives, else its pin. */
+static int device_link_fd(uint32_t dev_id, const struct hybd_dev_info *info)
+{
+	char pin[64];
+	int fd = -ENOENT;
+
+	if (info->bpf_link_id)
+		fd = bpf_link_get_fd_by_id(info->bpf_link_id);
+	if (fd < 0) {
+		snprintf(pin, sizeof(pin), "/sys/fs/bpf/hybd/%u/link", dev_id);
+		fd = bpf_obj_get(pin);
+	}
+	return fd;
+}
+
+/* Fill @pc with the counters of @dev_id's fast path.  Returns 0 or -errno. */
+static int read_prog_counters(uint32_t dev_id, const struct hybd_dev_info *info,
+			      struct prog_counters *pc)
+{
+	__u32 progs[MAX_OPS_PROGS], maps[MAX_PROG_MAPS], len;
+	struct bpf_link_info li;
+	int fd, mfd, n, i, ret;
+	const char *what = "the link";
+
+	memset(pc, 0, sizeof(*pc));
+	if (!has_bpf(info))
+		return 0;
+	pc->attached = 1;
+	fd = device_link_fd(dev_id, info);
+	if (fd < 0) {
+		ret = fd;
+		goto fail;
+	}
+	memset(&li, 0, sizeof(li));
+	len = sizeof(li);
+	ret = bpf_link_get_info_by_fd(fd, &li, &len);
+	close(fd);
+	if (!ret && li.type != BPF_LINK_TYPE_STRUCT_OPS)
+		ret = -EINVAL;
+	if (ret)
+		goto fail;
+	what = "the struct_ops map";
+	mfd = bpf_map_get_fd_by_id(li.struct_ops.map_id);
+	if (mfd < 0) {
+		ret = mfd;
+		goto fail;
+	}
+	n = ops_prog_ids(mfd, progs, MAX_OPS_PROGS);
+	close(mfd);
+	if (n < 0) {
+		ret = n;
+		goto fail;
+	}
+	what = "the programs";
+	n = progs_map_ids(progs, n, maps, MAX_PROG_MAPS);
+	if (n < 0) {
+		ret = n;
+		goto fail;
+	}
+	what = "a map";
+	for (i = 0; i < n; i++) {
+		ret = read_global_map(pc, maps[i]);
+		if (ret)
+			goto fail;
+	}
+	return 0;
+fail:
+	snprintf(pc->err, sizeof(pc->err), "cannot read %s: %s", what,
+		 strerror(-ret));
+	return ret;
+}
+
+static void prog_counters_text(const struct hybd_dev_info *info,
+			       const struct prog_counters *pc)
+{
+	const char *map = "";
+	char desc[64];
+	size_t i;
+
+	putchar('\n');
+	if (!pc->attached) {
+		printf("fast-path counters: no fast path attached\n");
+		return;
+	}
+	bpf_desc(info, desc, sizeof(desc));
+	if (pc->err[0]) {
+		printf("fast-path counters of %s: %s\n", desc, pc->err);
+		return;
+	}
+	if (!pc->nr) {
+		printf("fast-path counters of %s: no counters\n", desc);
+		return;
+	}
+	printf("fast-path counters of %s:\n", desc);
+	for (i = 0; i < pc->nr; i++) {
+		if (strcmp(map, pc->v[i].map)) {
+			map = pc->v[i].map;
+			printf("  %s\n", map);
+		}
+		printf("    %-24s %s\n", pc->v[i].name, pc->v[i].text);
+	}
+}
+
+/* The "maps" member: {"cache.bss":{"hits":1,...}}, {} or null. */
+static void prog_counters_json(const struct prog_counters *pc)
+{
+	const char *map = NULL;
+	size_t i;
+
+	printf("\"maps\":");
+	if (!pc->attached || pc->err[0]) {
+		printf("null");
+		return;
+	}
+	putchar('{');
+	for (i = 0; i < pc->nr; i++) {
+		if (!map || strcmp(map, pc->v[i].map)) {
+			if (map)
+				printf("},");
+			map = pc->v[i].map;
+			print_json_string(map, strlen(map));
+			printf(":{");
+		} else {
+			putchar(',');
+		}
+		print_json_string(pc->v[i].name, strlen(pc->v[i].name));
+		printf(":%s", pc->v[i].json);
+	}
+	printf("%s}", map ? "}" : "");
 }
 
 /* ---------------------------------------------------------------- stats */
@@ -1080,15 +2162,20 @@ static void histogram_json(const char *name, const __u64 *h)
 	       lat_quantile(h, 0.50), lat_quantile(h, 0.99), lat_mean(h));
 }
 
-/* One stats object; @rate (fast, slow per second) only with --watch. */
+/*
+ * One stats object; @rate (fast, slow per second) only with --watch, @pc
+ * only with --maps.
+ */
 static void stats_json(uint32_t id, const struct hybd_dev_info *info,
 		       const struct hybd_ctl_stats *st,
 		       const struct hybd_queue_stat *qs, uint32_t nq,
-		       const double *rate, double now)
+		       const double *rate, double now,
+		       const struct prog_counters *pc)
 {
 	uint32_t q;
 
-	printf("{\"id\":%u,\"nr_queues\":%u,", id, st->nr_queues);
+	printf("{\"id\":%u,\"path\":\"/dev/hybd%u\",\"nr_queues\":%u,", id,
+	       id, st->nr_queues);
 	bpf_json(info);
 	printf("\"bpf_attaches\":%u,", info->bpf_attaches);
 	if (now > 0) {
@@ -1116,6 +2203,10 @@ static void stats_json(uint32_t id, const struct hybd_dev_info *info,
 			putchar('}');
 		}
 		putchar(']');
+	}
+	if (pc) {
+		putchar(',');
+		prog_counters_json(pc);
 	}
 	printf("}\n");
 }
@@ -1155,12 +2246,15 @@ static int cmd_stats(int argc, char **argv)
 	static const struct option opts[] = {
 		{ "json", no_argument, NULL, 'j' },
 		{ "per-queue", no_argument, NULL, 'q' },
+		{ "maps", no_argument, NULL, 'm' },
 		{ "watch", required_argument, NULL, 'w' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
 	int c, ret, json = 0, per_queue = 0, tty = isatty(STDOUT_FILENO);
+	int maps = 0, maps_failed = 0;
 	struct hybd_queue_stat *qs = NULL;
+	struct prog_counters pc;
 	struct hybd_dev_info info;
 	struct hybd_ctl_stats st;
 	double watch = 0, t, t0 = 0, rate[2], next = 0;
@@ -1173,13 +2267,16 @@ static int cmd_stats(int argc, char **argv)
 
 	optind = 1;
 	opterr = 0;
-	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
 		switch (c) {
 		case 'j':
 			json = 1;
 			break;
 		case 'q':
 			per_queue = 1;
+			break;
+		case 'm':
+			maps = 1;
 			break;
 		case 'w':
 			watch = strtod(optarg, &end);
@@ -1190,12 +2287,9 @@ static int cmd_stats(int argc, char **argv)
 						   optarg);
 			break;
 		case 'h':
-			fputs(usage_text, stdout);
-			return EXIT_SUCCESS;
+			return command_help("stats");
 		default:
-			return usage_error("stats",
-					   "unknown option or missing value: '%s'",
-					   argv[optind - 1]);
+			return option_error("stats", c, argv, opts);
 		}
 	}
 	ret = one_dev_arg("stats", argc, argv, &id);
@@ -1226,13 +2320,16 @@ static int cmd_stats(int argc, char **argv)
 		/* the program's name and link; the counters stand without */
 		if (hybd_ctl_info(id, &info))
 			memset(&info, 0, sizeof(info));
+		if (maps && read_prog_counters(id, &info, &pc))
+			maps_failed = 1;
 		if (n) {
 			rate[0] = (double)(st.total.c.fast_done - fast0) / (t - t0);
 			rate[1] = (double)(st.total.c.slow_done - slow0) / (t - t0);
 		}
 		if (json) {
 			stats_json(id, &info, &st, qs, nq, n ? rate : NULL,
-				   watch ? clock_s(CLOCK_REALTIME) : 0);
+				   watch ? clock_s(CLOCK_REALTIME) : 0,
+				   maps ? &pc : NULL);
 		} else {
 			if (watch) {
 				if (tty)
@@ -1250,7 +2347,14 @@ static int cmd_stats(int argc, char **argv)
 					printf("fast -/s  slow -/s\n");
 			}
 			stats_text(id, &info, &st, qs, nq);
+			if (maps)
+				prog_counters_text(&info, &pc);
 		}
+		if (maps && pc.err[0] && json)
+			fprintf(stderr, "hybdctl: stats: fast-path counters: %s\n",
+				pc.err);
+		if (maps)
+			prog_counters_free(&pc);
 		fflush(stdout);
 		fast0 = st.total.c.fast_done;
 		slow0 = st.total.c.slow_done;
@@ -1264,47 +2368,125 @@ static int cmd_stats(int argc, char **argv)
 	free(qs);
 	if (ret < 0)
 		return failed("stats", ret);
+	return maps_failed ? EXIT_FAILED : EXIT_SUCCESS;
+}
+
+static const struct command {
+	const char *name;
+	int (*fn)(int argc, char **argv);
+	const char *args;	/* the synopsis after the name */
+	const char *summary;	/* one line */
+	const char *opts;	/* its options, --help included */
+	const char *more;	/* what else --help says, or NULL */
+} commands[] = {
+	{ "list", cmd_list, "[--json]", "list the devices", list_opts, NULL },
+	{ "info", cmd_info, "DEV [--json]",
+	  "show a device's state, parameters and counters", info_opts,
+	  info_more },
+	{ "features", cmd_features, "[--json]",
+	  "show the module's ABI version and features", features_opts, NULL },
+	{ "add", cmd_add, "[OPTIONS]",
+	  "add a device without a server and print its id", add_opts,
+	  add_more },
+	{ "del", cmd_del, "DEV [--in-use | --force]",
+	  "delete a device (refused while mounted or open)", del_opts,
+	  del_more },
+	{ "attach", cmd_attach, "PROG.bpf.o DEV [--replace]",
+	  "load a BPF fast path and attach it to DEV", attach_opts,
+	  attach_more },
+	{ "detach", cmd_detach, "DEV", "detach DEV's fast path", detach_opts,
+	  detach_more },
+	{ "stats", cmd_stats,
+	  "DEV [--json] [--per-queue] [--maps] [--watch SECONDS]",
+	  "fast- and slow-path counters, latency histograms", stats_opts,
+	  stats_more },
+};
+
+static const struct command *find_command(const char *name)
+{
+	size_t i;
+
+	for (i = 0; i < ARRAY_SIZE(commands); i++) {
+		if (!strcmp(name, commands[i].name))
+			return &commands[i];
+	}
+	return NULL;
+}
+
+#define SYNOPSIS_WIDTH	30
+
+static void usage(FILE *f)
+{
+	size_t i;
+	int n;
+
+	fprintf(f, "Usage: hybdctl COMMAND [ARGS]\n"
+		"       hybdctl COMMAND --help\n\nCommands:\n");
+	for (i = 0; i < ARRAY_SIZE(commands); i++) {
+		n = fprintf(f, "  %s %s", commands[i].name, commands[i].args);
+		if (n < SYNOPSIS_WIDTH)
+			fprintf(f, "%*s%s\n", SYNOPSIS_WIDTH - n, "",
+				commands[i].summary);
+		else
+			fprintf(f, "\n%*s%s\n", SYNOPSIS_WIDTH, "",
+				commands[i].summary);
+	}
+	fprintf(f, "  %-*s%s\n", SYNOPSIS_WIDTH - 2, "help [COMMAND], --help",
+		"show this help, or a command's");
+	fprintf(f, "  %-*s%s\n\n%s", SYNOPSIS_WIDTH - 2, "version, --version",
+		"show the version", general_help);
+}
+
+static int command_help(const char *name)
+{
+	const struct command *c = find_command(name);
+
+	if (!c) {
+		usage(stdout);
+		return EXIT_SUCCESS;
+	}
+	printf("Usage: hybdctl %s %s\n\n%c%s.\n\n", c->name, c->args,
+	       toupper((unsigned char)c->summary[0]), c->summary + 1);
+	printf("Options:\n%s", c->opts);
+	if (c->more)
+		printf("\n%s", c->more);
 	return EXIT_SUCCESS;
 }
 
-static const struct {
-	const char *name;
-	int (*fn)(int argc, char **argv);
-} commands[] = {
-	{ "list", cmd_list },
-	{ "info", cmd_info },
-	{ "features", cmd_features },
-	{ "add", cmd_add },
-	{ "del", cmd_del },
-	{ "attach", cmd_attach },
-	{ "detach", cmd_detach },
-	{ "stats", cmd_stats },
-};
-
 int main(int argc, char **argv)
 {
+	const struct command *c;
 	const char *cmd;
-	size_t i;
 
 	if (argc < 2) {
-		fputs(usage_text, stderr);
+		usage(stderr);
 		return EXIT_USAGE;
 	}
 	cmd = argv[1];
 	if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") ||
 	    !strcmp(cmd, "-h")) {
-		fputs(usage_text, stdout);
-		return EXIT_SUCCESS;
+		if (argc > 3 || (argc == 3 && !find_command(argv[2]))) {
+			fprintf(stderr, "hybdctl: help: %s '%s'\n"
+				"Try 'hybdctl --help'.\n", argc > 3 ?
+				"unexpected argument" : "unknown command",
+				argv[argc > 3 ? 3 : 2]);
+			return EXIT_USAGE;
+		}
+		return command_help(argc == 3 ? argv[2] : "");
 	}
 	if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
+		if (argc > 2) {
+			fprintf(stderr, "hybdctl: version: unexpected argument '%s'\n"
+				"Try 'hybdctl --help'.\n", argv[2]);
+			return EXIT_USAGE;
+		}
 		printf("hybdctl %d.%d (hybd ABI %d)\n", HYBD_LIB_VERSION_MAJOR,
 		       HYBD_LIB_VERSION_MINOR, HYBD_ABI_VERSION);
 		return EXIT_SUCCESS;
 	}
-	for (i = 0; i < ARRAY_SIZE(commands); i++) {
-		if (!strcmp(cmd, commands[i].name))
-			return commands[i].fn(argc - 1, argv + 1);
-	}
+	c = find_command(cmd);
+	if (c)
+		return c->fn(argc - 1, argv + 1);
 	fprintf(stderr, "hybdctl: unknown command '%s'\nTry 'hybdctl --help'.\n",
 		cmd);
 	return EXIT_USAGE;
