@@ -21,5 +21,6 @@ PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
 HYBD_INCDIR ?= $(INCLUDEDIR)/hybd
 # the sample fast paths, source and object
 BPFDIR ?= $(DATADIR)/hybd/bpf
+BASHCOMPDIR ?= $(DATADIR)/bash-completion/completions
 
 INSTALL ?= install

@@ -36,6 +36,7 @@ INSTALLED = {
     "usr/include/hybd/hybd.bpf.h",
     "usr/include/hybd/hybd_versions.bpf.h",
     "usr/sbin/hybdctl",
+    "usr/share/bash-completion/completions/hybdctl",
     "usr/share/man/man8/hybdctl.8",
     "usr/share/man/man3/libhybd.3",
     "usr/share/man/man7/hybd-bpf.7",
