@@ -31,7 +31,8 @@
  * hybd_bpf_ops programs only.  A loaded object attaches once: after it
  * was detached or replaced, or its device deleted, its maps have missed
  * writes, and the kernel refuses it (-ESTALE); load it again.  (A loader
- * that hands an old object's maps to a new one must empty them itself.)
+ * that hands an old object's maps to a program attached later, not by an
+ * atomic replace, must empty them itself: writes went by unseen.)
  *
  * A program reads like a list of callbacks:
  *

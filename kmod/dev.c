@@ -148,6 +148,7 @@ static void hybd_dev_free(struct kref *ref)
 		kfree(dev->queues);
 	}
 	put_pid(dev->server_pid);
+	kfree(dev->cpu_queue);
 	kfree(dev);
 }
 
@@ -252,6 +253,13 @@ struct hybd_dev *hybd_dev_create(const struct hybd_params *p, u32 id)
 	ret = hybd_dev_init_tag_set(dev);
 	if (ret)
 		goto out_free;
+	dev->cpu_queue = kmemdup(dev->tag_set.map[HCTX_TYPE_DEFAULT].mq_map,
+				 nr_cpu_ids * sizeof(*dev->cpu_queue),
+				 GFP_KERNEL);
+	if (!dev->cpu_queue) {
+		ret = -ENOMEM;
+		goto out_tag_set;
+	}
 	/* blk-mq caps the hardware queues at the number of CPUs */
 	nr = min_t(unsigned int, dev->tag_set.nr_hw_queues,
 		   p->basic.nr_hw_queues);
@@ -617,7 +625,7 @@ void hybd_dev_fill_info(struct hybd_dev *dev, struct hybd_dev_info *info)
 	spin_unlock(&dev->state_lock);
 	info->params = dev->params;
 	info->mem_bytes = (u64)dev->params.basic.nr_hw_queues *
-			  dev->queues[0].area_size;
+			  dev->queues[0].area_size;	/* the shared areas */
 	info->len = sizeof(*info);
 	hybd_bpf_fill_info(dev, info);
 	hybd_dev_sum_stats(dev, &info->stats);

@@ -103,7 +103,6 @@ struct hybd_queue {
 	 * for submissions, and on every kick and death.
 	 */
 	struct eventfd_ctx __rcu *efd;
-	struct eventfd_ctx	*efd_old;	/* being dropped, see ring.c */
 	bool			efd_armed;
 };
 
@@ -139,6 +138,12 @@ struct hybd_dev {
 	struct completion	deleted;
 
 	struct blk_mq_tag_set	tag_set;
+	/*
+	 * blk-mq's CPU -> queue map as it was at creation (nr_cpu_ids
+	 * entries), for HYBD_SRV_QUEUE_CPUS: the tag set's own is freed by a
+	 * delete while the server's file may still ask.
+	 */
+	u32			*cpu_queue;
 	struct hybd_queue	*queues;
 
 	struct cdev		*cdev;
@@ -209,7 +214,6 @@ int hybd_queue_alloc(struct hybd_dev *dev, struct hybd_queue *q,
 void hybd_queue_free(struct hybd_queue *q);
 void hybd_queue_wake(struct hybd_queue *q);
 void hybd_queue_signal_armed(struct hybd_queue *q);
-void hybd_queue_drop_eventfd(struct hybd_queue *q);
 size_t hybd_queue_area_size(const struct hybd_params *p, u32 ring_entries,
 			    u32 *sq_off, u32 *cq_off, u32 *desc_off,
 			    u32 *data_off);

@@ -103,6 +103,8 @@ int hybd_queue_alloc(struct hybd_dev *dev, struct hybd_queue *q,
 
 void hybd_queue_free(struct hybd_queue *q)
 {
+	/* dropped when the server's file was released */
+	WARN_ON_ONCE(rcu_access_pointer(q->efd));
 	vfree(q->area);
 	q->area = NULL;
 	q->hdr = NULL;
@@ -157,21 +159,20 @@ static struct eventfd_ctx *hybd_queue_swap_eventfd(struct hybd_queue *q,
 /* The server is gone: drop the eventfds of all queues of @dev. */
 static void hybd_dev_drop_eventfds(struct hybd_dev *dev)
 {
+	struct eventfd_ctx *old[HYBD_MAX_QUEUES];
 	unsigned int i, nr = dev->params.basic.nr_hw_queues;
 	bool any = false;
 
 	for (i = 0; i < nr; i++) {
-		dev->queues[i].efd_old =
-			hybd_queue_swap_eventfd(&dev->queues[i], NULL);
-		any |= dev->queues[i].efd_old != NULL;
+		old[i] = hybd_queue_swap_eventfd(&dev->queues[i], NULL);
+		any |= old[i] != NULL;
 	}
 	if (!any)
 		return;
 	synchronize_rcu();	/* no hybd_queue_signal() still uses them */
 	for (i = 0; i < nr; i++) {
-		if (dev->queues[i].efd_old)
-			eventfd_ctx_put(dev->queues[i].efd_old);
-		dev->queues[i].efd_old = NULL;
+		if (old[i])
+			eventfd_ctx_put(old[i]);
 	}
 }
 
@@ -375,7 +376,7 @@ static long hybd_srv_io(struct hybd_dev *dev, struct hybd_srv_io __user *arg)
 		}
 	} else if (io.flags & HYBD_SRV_IO_ARM) {
 		WRITE_ONCE(q->efd_armed, true);
-		/* pairs with hybd_kick_worker(): publish, barrier, read armed */
+		/* pairs with hybd_kick_worker(): publish, mb, read armed */
 		smp_mb();
 	}
 	if (READ_ONCE(q->dead))
@@ -439,6 +440,7 @@ static long hybd_srv_set_eventfd(struct hybd_dev *dev, void __user *arg)
 {
 	struct eventfd_ctx *efd = NULL, *old;
 	struct hybd_srv_eventfd e;
+	struct hybd_queue *q;
 
 	if (copy_from_user(&e, arg, sizeof(e)))
 		return -EFAULT;
@@ -451,7 +453,16 @@ static long hybd_srv_set_eventfd(struct hybd_dev *dev, void __user *arg)
 		if (IS_ERR(efd))
 			return PTR_ERR(efd);
 	}
-	old = hybd_queue_swap_eventfd(&dev->queues[e.queue], efd);
+	q = &dev->queues[e.queue];
+	old = hybd_queue_swap_eventfd(q, efd);
+	/*
+	 * A worker armed on the old eventfd, or about to wait on the new
+	 * one, may have missed a publish while neither was armed: wake it on
+	 * both, it ARMs again.
+	 */
+	if (old)
+		eventfd_signal(old);
+	hybd_queue_signal(q);
 	if (old) {
 		synchronize_rcu();
 		eventfd_ctx_put(old);
@@ -461,22 +472,22 @@ static long hybd_srv_set_eventfd(struct hybd_dev *dev, void __user *arg)
 
 static long hybd_srv_queue_cpus(struct hybd_dev *dev, void __user *arg)
 {
-	const struct blk_mq_queue_map *map =
-		&dev->tag_set.map[HCTX_TYPE_DEFAULT];
+	struct hybd_srv_queue_cpus __user *uqc = arg;
 	u32 bytes = DIV_ROUND_UP(nr_cpu_ids, BITS_PER_BYTE);
 	struct hybd_srv_queue_cpus qc;
 	unsigned int cpu;
 	long ret = 0;
 	u8 *mask;
 
-	if (copy_from_user(&qc, arg, sizeof(qc)))
+	if (copy_from_user(&qc, uqc, sizeof(qc)))
 		return -EFAULT;
-	if (qc.len < sizeof(qc))
+	if (qc.len < sizeof(qc) || qc.reserved0)
 		return -EINVAL;
+	if (qc.flags)
+		return -EOPNOTSUPP;
 	if (qc.queue >= dev->params.basic.nr_hw_queues)
 		return -EINVAL;
-	if (put_user(nr_cpu_ids, &((struct hybd_srv_queue_cpus __user *)
-				   arg)->nr_cpus))
+	if (put_user(nr_cpu_ids, &uqc->nr_cpus))
 		return -EFAULT;
 	if (qc.mask_bytes < bytes)
 		return -ENOSPC;
@@ -485,12 +496,10 @@ static long hybd_srv_queue_cpus(struct hybd_dev *dev, void __user *arg)
 	if (!mask)
 		return -ENOMEM;
 	for_each_possible_cpu(cpu) {
-		if (READ_ONCE(map->mq_map[cpu]) == qc.queue)
+		if (dev->cpu_queue[cpu] == qc.queue)
 			mask[cpu / BITS_PER_BYTE] |= BIT(cpu % BITS_PER_BYTE);
 	}
-	if (copy_to_user(u64_to_user_ptr(qc.mask), mask, bytes) ||
-	    clear_user(u64_to_user_ptr(qc.mask) + bytes,
-		       qc.mask_bytes - bytes))
+	if (copy_to_user(u64_to_user_ptr(qc.mask), mask, bytes))
 		ret = -EFAULT;
 	kfree(mask);
 	return ret;

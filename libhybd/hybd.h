@@ -220,8 +220,12 @@ struct hybd_driver {
  * yet: call hybd_dev_start().  @drv is copied; @priv is returned by
  * hybd_dev_priv() and hybd_io_priv().
  *
- * RETURN VALUE: 0 and *@devp set, or a negative errno (-ENOENT when the
- * module is not loaded, -EINVAL for a parameter the kernel refused, ...).
+ * RETURN VALUE: 0 and *@devp set, or a negative errno: -ENOENT when the
+ * module is not loaded, -EINVAL for a parameter the kernel (or the
+ * library: io_priv_size, queue_threads, explicit ops without their
+ * handler, structs smaller than libhybd 1.0's) refused, -E2BIG when the
+ * caller's structs set fields this (older) libhybd does not know.
+ * queue_threads above queue_depth is lowered to it.
  */
 #define hybd_dev_create(cfg, drv, priv, devp)				\
 	hybd_dev_create_sized((cfg), sizeof(*(cfg)), (drv), sizeof(*(drv)), \
@@ -254,13 +258,16 @@ int hybd_run_sized(const struct hybd_config *cfg, size_t cfg_size,
 /*
  * hybd_dev_start - start the workers, then the block device.
  *
- * Spawns one worker thread per queue (pinned round-robin to the CPUs this
- * process may run on, unless HYBD_CFG_NO_AFFINITY) with every signal
- * blocked, then asks the kernel to add /dev/hybdN.  That blocks while the
+ * Spawns one worker thread per queue with every signal blocked, pinned to
+ * the CPUs blk-mq maps to its queue (hybd_queue_cpus()) that this process
+ * may run on, or round-robin to one of those if none is (not at all with
+ * HYBD_CFG_NO_AFFINITY); waits for each queue_init hook; then asks the
+ * kernel to add /dev/hybdN.  That blocks while the
  * kernel scans the partition table, which the workers already serve.  A
  * device is started once.
  *
- * RETURN VALUE: 0, or a negative errno (workers are stopped again).
+ * RETURN VALUE: 0, or a negative errno (workers are stopped again):
+ * -EALREADY if started before, what a queue_init hook returned.
  */
 int hybd_dev_start(struct hybd_dev *dev);
 
@@ -294,7 +301,7 @@ int hybd_dev_wait(struct hybd_dev *dev);
  *
  * While the workers run, this is graceful: the kernel removes /dev/hybdN,
  * completing every outstanding request through the workers (asynchronous
- * ones too), then the workers exit.  If that fails (-EBUSY, ...) nothing
+ * ones too), then the workers exit.  If that fails (-EINTR, ...) nothing
  * changed and @dev stays valid.
  *
  * If the device is not being served (never started, stopped, or workers
@@ -331,8 +338,10 @@ void hybd_io_complete(struct hybd_io *io, int result);
 
 /*
  * hybd_io_complete_batch - complete @n kept requests, @ios[i] with
- * @results[i], handing them to the kernel with one system call per queue
- * (none from the worker thread, as above).  Callable from any thread.
+ * @results[i], handing them to the kernel with one system call per run
+ * of consecutive requests of the same queue (none from that queue's
+ * worker thread, as above): group them by queue.  Callable from any
+ * thread.
  */
 void hybd_io_complete_batch(struct hybd_io *const *ios, const int *results,
 			    unsigned int n);
@@ -384,12 +393,15 @@ typedef void (*hybd_fd_cb)(struct hybd_queue *q, int fd, void *arg);
  * @cb(q, fd, @arg) in the worker thread whenever @fd is readable (POLLIN,
  * or POLLERR/POLLHUP); @cb must consume what made it readable, or it is
  * called again at once.  For an io_uring, watch its ring fd (POLLIN when
- * completions are waiting) and reap them in @cb.  Call it from queue_init
- * (or from the worker thread).  The fd stays the caller's to close, after
- * the worker stopped (queue_exit).
+ * completions are waiting) and reap them in @cb.  Call it from the
+ * worker thread: the first fd from queue_init (the worker chooses how it
+ * waits before serving), more from queue_init or later.  A watched fd
+ * that is closed while watched stops the worker (-EBADF).  The fd stays
+ * the caller's to close, after the worker stopped (queue_exit).
  *
- * RETURN VALUE: 0, -EINVAL (bad fd, not the worker thread), -ENOSPC (more
- * than HYBD_QUEUE_MAX_FDS), -EOPNOTSUPP (the module lacks HYBD_F_EVENTFD).
+ * RETURN VALUE: 0, -EINVAL (bad fd, no @cb, not the worker thread, a first
+ * fd after queue_init), -ENOSPC (more than HYBD_QUEUE_MAX_FDS),
+ * -EOPNOTSUPP (the module lacks HYBD_F_EVENTFD).
  */
 int hybd_queue_watch_fd(struct hybd_queue *q, int fd, hybd_fd_cb cb,
 			void *arg);
@@ -399,7 +411,8 @@ int hybd_queue_watch_fd(struct hybd_queue *q, int fd, hybd_fd_cb cb,
  * mapping), the ones its worker is pinned to.  Stores up to @room CPU
  * numbers in @cpus, in ascending order.
  * RETURN VALUE: how many CPUs map to the queue (may exceed @room), or
- * -errno (-EOPNOTSUPP: the module lacks HYBD_F_QUEUE_CPUS).
+ * -errno (-EOPNOTSUPP: the module lacks HYBD_F_QUEUE_CPUS, -EINVAL: no
+ * such queue).
  */
 int hybd_queue_cpus(const struct hybd_dev *dev, unsigned int index,
 		    unsigned int *cpus, unsigned int room);
@@ -531,16 +544,21 @@ struct hybd_bpf;
  * RETURN VALUE: 0, or -errno: -ENOENT (module not loaded, no such file,
  * nothing to replace), -ENODEV (no such device), -EBUSY (the device has a
  * fast path already, or one that is not pinned and cannot be replaced),
- * -EACCES or -EINVAL (the verifier refused a program: see hybd_errmsg()),
- * -EOPNOTSUPP (no BPF support in this kernel or module).
+ * -EACCES or -EINVAL (the verifier refused a program: see hybd_errmsg();
+ * or a HYBD_PER_BLOCK map that is not an array), -EOPNOTSUPP (no BPF
+ * support in this kernel or module).
  */
 int hybd_bpf_attach(uint32_t dev_id, const char *path, unsigned int flags,
 		    struct hybd_bpf **bp);
 
 /*
  * hybd_bpf_replace - swap the program of @b's link for the one in @path,
- * atomically (requests see the old program or the new one).  The old
- * program's maps are dropped (pinned ones are replaced by the new ones).
+ * atomically (requests see the old program or the new one).  The new
+ * program takes over the old one's maps of the same name and shape (see
+ * "Replacing keeps state" above); the others are dropped, and pins follow
+ * the new program's maps.  Fds from hybd_bpf_map_fd() belong to the old
+ * program and are closed: ask again; fds from hybd_bpf_map_open_pinned()
+ * stay valid for the maps carried over.
  * RETURN VALUE: 0, or -errno (@b unchanged, the old program still runs).
  */
 int hybd_bpf_replace(struct hybd_bpf *b, const char *path);

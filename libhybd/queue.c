@@ -545,6 +545,10 @@ static int worker_loop_poll(struct hybd_queue *q)
 		if (pfd[0].revents)
 			(void)!read(q->efd, &count, sizeof(count));
 		for (i = 0; i < q->nr_watch; i++) {
+			if (pfd[1 + i].revents & POLLNVAL)
+				return hybd__err(-EBADF,
+						 "queue %u: watched fd %d was closed",
+						 q->id, q->watch[i].fd);
 			if (pfd[1 + i].revents)
 				q->watch[i].cb(q, q->watch[i].fd,
 					       q->watch[i].arg);

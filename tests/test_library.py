@@ -144,6 +144,16 @@ def test_workers_sit_on_the_cpus_blk_mq_maps_to_their_queue(slowdrv):
     srv.stop()
 
 
+def test_queue_cpus_after_the_device_is_deleted(slowdrv):
+    """The server's node outlives its device: asking it for a queue's CPUs
+    then must answer from what the device knew (blk-mq's map is gone)."""
+    need_built(SLOWDRV, "tests/helpers/slowdrv")
+    res = run([SLOWDRV, "--after-delete"], timeout=60)
+    assert res.returncode == 0, res.stderr
+    m = re.search(r"^after-delete: (-?\d+)", res.stdout, re.M)
+    assert m and int(m.group(1)) >= 1, res.stdout + res.stderr
+
+
 def expand_cpu_list(text):
     cpus = []
     for part in text.split(","):

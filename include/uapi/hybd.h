@@ -246,8 +246,9 @@ struct hybd_dev_info {
 	__u32	bpf_link_id;	/* out: link of the attached fast path, 0 if none */
 	__u32	bpf_attaches;	/* out: attach + replace count since creation */
 	char	bpf_name[16];	/* out: the attached ops' name */
-	/* out: kernel memory the device's queues pin (rings, descriptors and
-	 * data buffers, shared with the server), in bytes
+	/* out: bytes of the areas shared with the server (rings,
+	 * descriptors and data buffers of every queue), the bulk of what
+	 * the device pins
 	 */
 	__u64	mem_bytes;
 	__u64	reserved[3];
@@ -469,7 +470,8 @@ struct hybd_srv_io {
 /*
  * HYBD_SRV_SET_EVENTFD: the eventfd (eventfd(2)) the kernel signals for
  * queue @queue (see HYBD_SRV_IO_ARM); -1 removes it.  The kernel holds its
- * own reference until it is replaced or the server node is closed.
+ * own reference until it is replaced or the server node is closed.  Both
+ * the old and the new eventfd are signalled: ARM again after a change.
  */
 struct hybd_srv_eventfd {
 	__u32	len;
@@ -481,10 +483,11 @@ struct hybd_srv_eventfd {
 
 /*
  * HYBD_SRV_QUEUE_CPUS: the CPUs whose submissions go to hardware queue
- * @queue (blk-mq's mapping), as a bitmap of mask_bytes bytes at @mask:
- * CPU n is bit n % 8 of byte n / 8.  nr_cpus is set to the number of CPU
- * ids the kernel may use; -ENOSPC (nr_cpus set) if the bitmap is too small
- * for them.  A server pins the queue's worker there: a completion then
+ * @queue (blk-mq's mapping, as made when the device was added), as a
+ * bitmap at @mask: CPU n is bit n % 8 of byte n / 8.  nr_cpus is set to
+ * the number of CPU ids the kernel may use, and the kernel writes
+ * (nr_cpus + 7) / 8 bytes, no more; -ENOSPC (nr_cpus set) if mask_bytes
+ * is smaller.  A server pins the queue's worker there: a completion then
  * wakes the submitter on a CPU that shares its caches.
  */
 struct hybd_srv_queue_cpus {
@@ -493,6 +496,8 @@ struct hybd_srv_queue_cpus {
 	__u32	nr_cpus;	/* out */
 	__u32	mask_bytes;	/* in: size of the buffer at mask */
 	__u64	mask;		/* in: user pointer to the bitmap */
+	__u32	flags;		/* none defined: 0 */
+	__u32	reserved0;
 };
 #define HYBD_SRV_QUEUE_CPUS	_IOWR(HYBD_IOC_MAGIC, 0x45, struct hybd_srv_queue_cpus)
 

@@ -5,12 +5,18 @@
  * handlers, the thread pool, worker placement and hybd_run()'s signals.
  *
  *   slowdrv [--size BYTES] [--queues N] [--threads N] [--delay-ms N]
+ *   slowdrv --after-delete
  *
  * Prints "ready /dev/hybdN", then one line per queue
  * "queue Q cpus C1,C2,..." (hybd_queue_cpus()), once the disk exists.  On
  * the way out (SIGINT/SIGTERM or a delete from outside) it prints
  * "slowdrv: requests=N max_concurrent=M exit=R": the most handlers that
  * ran at once, and hybd_run()'s result.
+ *
+ * --after-delete: create and start with the explicit calls, delete the
+ * device from outside (hybd_ctl_del), wait for the workers, and only then
+ * ask for queue 0's CPUs (the server's node outlives the device) and print
+ * "after-delete: N" (or the error), then free the device.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -92,6 +98,29 @@ static const struct hybd_driver slow_driver = {
 	.ready = slow_ready,
 };
 
+static int after_delete(struct hybd_config *cfg, struct slow *s)
+{
+	unsigned int cpus[1024];
+	struct hybd_dev *dev;
+	int ret, n;
+
+	ret = hybd_dev_create(cfg, &slow_driver, s, &dev);
+	if (!ret)
+		ret = hybd_dev_start(dev);
+	if (!ret)
+		ret = hybd_ctl_del(hybd_dev_id(dev));
+	if (!ret)
+		ret = hybd_dev_wait(dev);
+	if (ret) {
+		fprintf(stderr, "slowdrv: %s\n", hybd_errmsg());
+		return 1;
+	}
+	n = hybd_queue_cpus(dev, 0, cpus, 1024);
+	printf("after-delete: %d %s\n", n, n < 0 ? hybd_errmsg() : "");
+	hybd_dev_delete(dev);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -99,11 +128,12 @@ int main(int argc, char **argv)
 		{ "queues", required_argument, NULL, 'q' },
 		{ "threads", required_argument, NULL, 't' },
 		{ "delay-ms", required_argument, NULL, 'd' },
+		{ "after-delete", no_argument, NULL, 'A' },
 		{ NULL, 0, NULL, 0 },
 	};
 	struct slow s = { 0 };
 	struct hybd_config cfg;
-	int c, ret;
+	int c, ret, after = 0;
 
 	hybd_config_init(&cfg);
 	cfg.size = 16 << 20;
@@ -113,12 +143,15 @@ int main(int argc, char **argv)
 		case 'q': cfg.nr_queues = atoi(optarg); break;
 		case 't': cfg.queue_threads = atoi(optarg); break;
 		case 'd': s.delay_ms = atoi(optarg); break;
+		case 'A': after = 1; break;
 		default: return 2;
 		}
 	}
 	s.mem = calloc(1, cfg.size);
 	if (!s.mem)
 		return 1;
+	if (after)
+		return after_delete(&cfg, &s);
 	ret = hybd_run(&cfg, &slow_driver, &s);
 	if (ret)
 		fprintf(stderr, "slowdrv: %s\n", hybd_errmsg());
