@@ -167,7 +167,8 @@ def test_del_while_device_is_open_fails_its_io_and_frees_it(ramdisk):
     fd = os.open(srv.dev, os.O_RDONLY | os.O_DIRECT)
     try:
         assert direct_read(srv.dev, 0, MiB) == data
-        rc, _, err = del_device(srv.id)
+        # --in-use: plain del refuses an open device (test_hybdctl.py)
+        rc, _, err = hybdctl("del", "--in-use", str(srv.id))
         # an opener does not block deletion: its later I/O fails instead
         assert rc == 0, err
         wait_for(lambda: not os.path.exists(srv.dev), 10,

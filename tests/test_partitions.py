@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from hybdbpf import settle
-from hybdlib import (assert_data, del_device, device_ids, direct_read,
+from hybdlib import (assert_data, device_ids, direct_read, hybdctl,
                      direct_write, pattern, wait_for)
 
 MiB = 1 << 20
@@ -243,7 +243,8 @@ def test_delete_with_a_partition_open_returns_and_fails_its_io(ramdisk):
     buf = mmap.mmap(-1, lbs)
     try:
         t0 = time.monotonic()
-        rc, _, err = del_device(srv.id)       # bounded: fails after T_CMD
+        # bounded: fails after T_CMD; --in-use, as p1 is open
+        rc, _, err = hybdctl("del", "--in-use", str(srv.id))
         took = time.monotonic() - t0
         assert rc == 0, err
         assert took < DEL_WITHIN, f"hybdctl del took {took:.1f}s"

@@ -150,7 +150,7 @@ def test_del_of_a_stopped_server_ends_with_the_io_timeout(ramdisk,
     reader = outstanding_read(srv)
 
     t0 = time.monotonic()
-    rc, _, err = hybdctl("del", srv.dev, timeout=BOUND * 2)
+    rc, _, err = hybdctl("del", "--in-use", srv.dev, timeout=BOUND * 2)
     took = time.monotonic() - t0
     assert rc == 0, err
     assert took < BOUND, f"del took {took:.1f}s with a 2 s I/O timeout"
@@ -184,7 +184,7 @@ def test_waiting_del_is_killable_and_a_forced_del_ends_the_delete(ramdisk):
     reader = outstanding_read(srv)
 
     waiting = subprocess.Popen([str(Path(__file__).parent.parent / "tools" /
-                                    "hybdctl"), "del", srv.dev],
+                                    "hybdctl"), "del", "--in-use", srv.dev],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True)
     wait_for(lambda: info(srv.id)["state"] == "deleting", 10, "state deleting")
@@ -297,7 +297,8 @@ def test_delete_racing_fio_on_two_queues_at_qd32(ramdisk):
             wait_for(lambda: info(dev_id)["stats"]["slow_done"] > 64, 60,
                      "fio's I/O to flow")
             time.sleep(rng.uniform(0, 0.5))
-            rc, _, err = hybdctl("del", str(dev_id), timeout=BOUND * 2)
+            rc, _, err = hybdctl("del", "--in-use", str(dev_id),
+                                 timeout=BOUND * 2)
             assert rc == 0, f"round {i}: {err}"
             wait_exit(load, BOUND, f"round {i}: fio after the delete")
         finally:
@@ -371,7 +372,7 @@ def test_del_of_a_device_with_a_mounted_file_system_returns(ramdisk, tmp_path):
     try:
         (mnt / "file").write_bytes(pattern("mounted", 4 * MiB))
         t0 = time.monotonic()
-        rc, _, err = hybdctl("del", srv.dev, timeout=BOUND * 2)
+        rc, _, err = hybdctl("del", "--in-use", srv.dev, timeout=BOUND * 2)
         took = time.monotonic() - t0
         assert rc == 0, err
         assert took < BOUND, f"del under a mount took {took:.1f}s"
@@ -398,7 +399,7 @@ def test_del_of_a_stopped_server_is_one_timeout_not_one_per_wave(
         os.pwrite(fd, pattern("waves", MiB), 0)	# 256 requests of 4 KiB
         stop_server(srv)
         t0 = time.monotonic()
-        rc, _, err = hybdctl("del", srv.dev, timeout=BOUND * 4)
+        rc, _, err = hybdctl("del", "--in-use", srv.dev, timeout=BOUND * 4)
         took = time.monotonic() - t0
     finally:
         os.close(fd)
