@@ -48,23 +48,17 @@ struct {
 	__type(value, struct cache_slot);
 } cache_slots SEC(".maps");
 
-/* hits, misses, fills, races: readable with bpftool or hybd_bpf_map_fd() */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 4);
-	__type(key, __u32);
-	__type(value, __u64);
-} cache_stats SEC(".maps");
+/*
+ * Counters: global variables, which libbpf keeps in the object's .bss map
+ * ("cache.bss"); `hybdctl stats DEV --maps` shows them by name.
+ */
+__u64 hits;	/* reads served from the cache */
+__u64 misses;	/* cached-size reads passed to the slow path */
+__u64 fills;	/* blocks the slow path's reads filled in */
+__u64 races;	/* hits given up because a fill overwrote the slot */
 
-enum { STAT_HIT, STAT_MISS, STAT_FILL, STAT_RACE };
-
-static __always_inline void cache_count(__u32 what)
-{
-	__u64 *n = bpf_map_lookup_elem(&cache_stats, &what);
-
-	if (n)
-		(*n)++;
-}
+/* a fetching add, as every atomic here (see hybd_atomic_fetch_add()) */
+#define cache_count(counter)	hybd_atomic_fetch_add(&(counter), 1)
 
 static __always_inline struct cache_slot *cache_slot_of(__u64 blk)
 {
@@ -112,13 +106,13 @@ int BPF_STRUCT_OPS(cache_submit, struct hybd_bpf_io *io)
 	if (hybd_bpf_io_copy_in(io, 0, s->data, sizeof(s->data)))
 		goto miss;
 	if (__sync_fetch_and_add(&s->seq, 0) != seq) {
-		cache_count(STAT_RACE);
+		cache_count(races);
 		goto miss;
 	}
-	cache_count(STAT_HIT);
+	cache_count(hits);
 	return HYBD_BPF_DONE;
 miss:
-	cache_count(STAT_MISS);
+	cache_count(misses);
 	return HYBD_BPF_PASS;
 }
 
@@ -147,7 +141,7 @@ void BPF_STRUCT_OPS(cache_complete, struct hybd_bpf_io *io)
 	if (!hybd_bpf_io_copy_out(io, 0, s->data, sizeof(s->data))) {
 		s->stamp = io->scratch;
 		s->blk = blk + 1;
-		cache_count(STAT_FILL);
+		cache_count(fills);
 	}
 	/* release: odd -> even, ordered after the fill's stores */
 	hybd_atomic_fetch_add(&s->seq, 1);

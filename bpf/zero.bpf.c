@@ -22,6 +22,14 @@ struct {
 	__type(value, __u64);
 } zero_known SEC(".maps");
 
+/*
+ * Counters: global variables, which libbpf keeps in the object's .bss map
+ * ("zero.bss"); `hybdctl stats DEV --maps` shows them by name.
+ */
+__u64 reads_served;	/* reads completed with zeros in the kernel */
+__u64 reads_passed;	/* reads looked up and passed to the slow path */
+__u64 blocks_learned;	/* blocks a slow-path read showed to be zero */
+
 static __always_inline bool zero_block_known(__u64 blk)
 {
 	__u32 key = blk;
@@ -52,11 +60,14 @@ int BPF_STRUCT_OPS(zero_submit, struct hybd_bpf_io *io)
 		if (!zero_block_known(first + i))
 			goto miss;
 	if (hybd_bpf_io_zero(io))
-		return HYBD_BPF_PASS;
+		goto pass;
+	hybd_atomic_fetch_add(&reads_served, 1);
 	return HYBD_BPF_DONE;
 miss:
 	if (hybd_io_one_block(io, &blk))
 		io->scratch = hybd_ver_stamp(blk);
+pass:
+	hybd_atomic_fetch_add(&reads_passed, 1);
 	return HYBD_BPF_PASS;
 }
 
@@ -78,7 +89,8 @@ void BPF_STRUCT_OPS(zero_complete, struct hybd_bpf_io *io)
 	/* map helpers take BPF memory, not the context: copy the stamp */
 	stamp = io->scratch;
 	key = blk;
-	bpf_map_update_elem(&zero_known, &key, &stamp, BPF_ANY);
+	if (!bpf_map_update_elem(&zero_known, &key, &stamp, BPF_ANY))
+		hybd_atomic_fetch_add(&blocks_learned, 1);
 }
 
 HYBD_OPS_DEFINE(zero_ops,
