@@ -101,8 +101,9 @@ static const char del_more[] =
 "swap area, a holder (device-mapper, md, ...), a loop device backed by\n"
 "it, a process that has it or a partition open (pid and command), or an\n"
 "exclusive claim it cannot name (a mount in another mount namespace...).\n"
-"The server's own node (/dev/hybdN-srv) does not count.  A device being\n"
-"deleted already is not checked.\n"
+"The server's own node (/dev/hybdN-srv) does not count, nor a process\n"
+"that closes the device within 3 s (udev probes every new disk).  A\n"
+"device being deleted already is not checked.\n"
 "\n"
 "A served device is drained first: a server that does not answer holds\n"
 "the delete up to the device's I/O timeout (30 s without one).  A signal\n"
@@ -760,8 +761,8 @@ static const struct blk_node *node_of_path(const struct in_use *u,
 	return NULL;
 }
 
-/* The disk @devt and its partitions, from sysfs. */
-static void find_nodes(struct in_use *u, dev_t devt)
+/* The disk @devt of device @id and its partitions, from sysfs. */
+static void find_nodes(struct in_use *u, dev_t devt, uint32_t id)
 {
 	char dir[64], path[PATH_MAX], link[PATH_MAX];
 	struct blk_node *n = &u->nodes[0];
@@ -774,8 +775,10 @@ static void find_nodes(struct in_use *u, dev_t devt)
 	n->devt = devt;
 	len = readlink(dir, link, sizeof(link) - 1);
 	link[len > 0 ? len : 0] = '\0';
-	snprintf(n->name, sizeof(n->name), "%s",
-		 strrchr(link, '/') ? strrchr(link, '/') + 1 : "");
+	if (strrchr(link, '/'))
+		snprintf(n->name, sizeof(n->name), "%s", strrchr(link, '/') + 1);
+	else
+		snprintf(n->name, sizeof(n->name), "hybd%u", id);
 	u->nr_nodes = 1;
 	d = opendir(dir);
 	if (!d)
@@ -1111,7 +1114,7 @@ static int check_in_use(uint32_t id)
 	    info.state == HYBD_STATE_DELETING)
 		return -1;
 	memset(&u, 0, sizeof(u));
-	find_nodes(&u, makedev(info.disk_major, info.disk_minor));
+	find_nodes(&u, makedev(info.disk_major, info.disk_minor), id);
 	check_mounts(&u);
 	check_swaps(&u);
 	check_holders(&u);
