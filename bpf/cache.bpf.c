@@ -57,7 +57,8 @@ __u64 misses;	/* cached-size reads passed to the slow path */
 __u64 fills;	/* blocks the slow path's reads filled in */
 __u64 races;	/* hits given up because a fill overwrote the slot */
 
-#define cache_count(counter)	__sync_fetch_and_add(&(counter), 1)
+/* a fetching add, as every atomic here (see hybd_atomic_fetch_add()) */
+#define cache_count(counter)	hybd_atomic_fetch_add(&(counter), 1)
 
 static __always_inline struct cache_slot *cache_slot_of(__u64 blk)
 {

@@ -64,13 +64,13 @@ int BPF_STRUCT_OPS(zero_submit, struct hybd_bpf_io *io)
 			goto miss;
 	if (hybd_bpf_io_zero(io))
 		goto pass;
-	__sync_fetch_and_add(&reads_served, 1);
+	hybd_atomic_fetch_add(&reads_served, 1);
 	return HYBD_BPF_DONE;
 miss:
 	if (hybd_io_one_block(io, &blk))
 		io->scratch = hybd_ver_stamp(blk);
 pass:
-	__sync_fetch_and_add(&reads_passed, 1);
+	hybd_atomic_fetch_add(&reads_passed, 1);
 	return HYBD_BPF_PASS;
 }
 
@@ -93,7 +93,7 @@ void BPF_STRUCT_OPS(zero_complete, struct hybd_bpf_io *io)
 	stamp = io->scratch;
 	key = blk;
 	if (!bpf_map_update_elem(&zero_known, &key, &stamp, BPF_ANY))
-		__sync_fetch_and_add(&blocks_learned, 1);
+		hybd_atomic_fetch_add(&blocks_learned, 1);
 }
 
 HYBD_OPS_DEFINE(zero_ops,

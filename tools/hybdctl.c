@@ -101,8 +101,9 @@ static const char del_more[] =
 "swap area, a holder (device-mapper, md, ...), a loop device backed by\n"
 "it, a process that has it or a partition open (pid and command), or an\n"
 "exclusive claim it cannot name (a mount in another mount namespace...).\n"
-"The server's own node (/dev/hybdN-srv) does not count.  A device being\n"
-"deleted already is not checked.\n"
+"The server's own node (/dev/hybdN-srv) does not count, nor a process\n"
+"that closes the device within 3 s (udev probes every new disk).  A\n"
+"device being deleted already is not checked.\n"
 "\n"
 "A served device is drained first: a server that does not answer holds\n"
 "the delete up to the device's I/O timeout (30 s without one).  A signal\n"
@@ -645,6 +646,7 @@ struct in_use {
 	size_t nr_nodes;
 	char *why;		/* the reasons, "; "-separated */
 	size_t len, size;
+	int nr;			/* reasons found, also those not in @why */
 	int explained;		/* a reason that explains an exclusive claim */
 };
 
@@ -660,21 +662,39 @@ static void in_use_add(struct in_use *u, const char *fmt, ...)
 
 static void in_use_add(struct in_use *u, const char *fmt, ...)
 {
+	char *item, *p, *end;
 	va_list ap;
-	char *p;
-	int n;
+	size_t n;
+	int ret;
 
+	u->nr++;
 	va_start(ap, fmt);
-	n = vsnprintf(NULL, 0, fmt, ap);
+	ret = vsnprintf(NULL, 0, fmt, ap);
 	va_end(ap);
-	if (n < 0)
+	if (ret < 0)
 		return;
+	n = ret;
+	item = malloc(n + 1);
+	if (!item)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(item, n + 1, fmt, ap);
+	va_end(ap);
+	/* said already (a mount point mounted over itself): once is enough */
+	for (p = u->why; p && p < u->why + u->len; p = end + 2) {
+		end = strstr(p, "; ");
+		if (!end)
+			end = u->why + u->len;
+		if ((size_t)(end - p) == n && !memcmp(p, item, n))
+			goto out;
+	}
+	/* room for "; ", it and a NUL */
 	if (u->len + n + 3 > u->size) {
 		size_t size = (u->len + n + 3) * 2;
 
 		p = realloc(u->why, size);
 		if (!p)
-			return;
+			goto out;
 		u->why = p;
 		u->size = size;
 	}
@@ -682,10 +702,10 @@ static void in_use_add(struct in_use *u, const char *fmt, ...)
 		memcpy(u->why + u->len, "; ", 2);
 		u->len += 2;
 	}
-	va_start(ap, fmt);
-	vsnprintf(u->why + u->len, u->size - u->len, fmt, ap);
-	va_end(ap);
+	memcpy(u->why + u->len, item, n + 1);
 	u->len += n;
+out:
+	free(item);
 }
 
 /* The first line of a small file, without its newline; -1 if unreadable. */
@@ -745,8 +765,8 @@ static const struct blk_node *node_of_path(const struct in_use *u,
 	return NULL;
 }
 
-/* The disk @devt and its partitions, from sysfs. */
-static void find_nodes(struct in_use *u, dev_t devt)
+/* The disk @devt of device @id and its partitions, from sysfs. */
+static void find_nodes(struct in_use *u, dev_t devt, uint32_t id)
 {
 	char dir[64], path[PATH_MAX], link[PATH_MAX];
 	struct blk_node *n = &u->nodes[0];
@@ -759,8 +779,10 @@ static void find_nodes(struct in_use *u, dev_t devt)
 	n->devt = devt;
 	len = readlink(dir, link, sizeof(link) - 1);
 	link[len > 0 ? len : 0] = '\0';
-	snprintf(n->name, sizeof(n->name), "%s",
-		 strrchr(link, '/') ? strrchr(link, '/') + 1 : "");
+	if (strrchr(link, '/'))
+		snprintf(n->name, sizeof(n->name), "%s", strrchr(link, '/') + 1);
+	else
+		snprintf(n->name, sizeof(n->name), "hybd%u", id);
 	u->nr_nodes = 1;
 	d = opendir(dir);
 	if (!d)
@@ -1072,7 +1094,7 @@ static void probe_exclusive(struct in_use *u)
 	}
 	if (waited >= IN_USE_PROBE_MS) {
 		kill(pid, SIGKILL);
-		in_use_add(u, "opening %s to check it did not return within %u s (is its server stopped?)",
+		in_use_add(u, "%s cannot be checked: opening it took over %u s (is its server stopped?)",
 			   path, IN_USE_PROBE_MS / 1000);
 		return;
 	}
@@ -1096,7 +1118,7 @@ static int check_in_use(uint32_t id)
 	    info.state == HYBD_STATE_DELETING)
 		return -1;
 	memset(&u, 0, sizeof(u));
-	find_nodes(&u, makedev(info.disk_major, info.disk_minor));
+	find_nodes(&u, makedev(info.disk_major, info.disk_minor), id);
 	check_mounts(&u);
 	check_swaps(&u);
 	check_holders(&u);
@@ -1104,10 +1126,10 @@ static int check_in_use(uint32_t id)
 	check_openers(&u);
 	if (info.state == HYBD_STATE_LIVE || info.state == HYBD_STATE_DEAD)
 		probe_exclusive(&u);
-	if (!u.len)
+	if (!u.nr)
 		return -1;
 	fprintf(stderr, "hybdctl: del: %s (use --in-use or --force to delete anyway)\n",
-		u.why);
+		u.len ? u.why : "the device is in use");
 	free(u.why);
 	return EXIT_FAILED;
 }
