@@ -66,9 +66,10 @@ static const char add_opts[] =
 "  --size BYTES            device size (default 64M)\n"
 "  --lbs BYTES             logical block size (default 4096)\n"
 "  --pbs BYTES             physical block size (default 4096)\n"
-"  --queues N              hardware queues (default: one per online CPU)\n"
+"  --queues N              hardware queues (default: one per online CPU,\n"
+"                          at most 8)\n"
 "  --depth N               queue depth (default 64)\n"
-"  --max-io BYTES          largest request (default 1M)\n"
+"  --max-io BYTES          largest request (default 128K)\n"
 "  --ops LIST              comma-separated: read,write,flush,fua,discard,\n"
 "                          write-zeroes or all (default all)\n"
 "  --no-write-cache        no volatile write cache (drops flush and fua from\n"
@@ -181,6 +182,9 @@ static const struct {
 	{ HYBD_F_BPF, "bpf" },
 	{ HYBD_F_IO_TIMEOUT, "io_timeout" },
 	{ HYBD_F_DEL_FORCE, "del_force" },
+	{ HYBD_F_EVENTFD, "eventfd" },
+	{ HYBD_F_QUEUE_CPUS, "queue_cpus" },
+	{ HYBD_F_MEM_INFO, "mem_info" },
 };
 
 #define ARRAY_SIZE(a)	(sizeof(a) / sizeof((a)[0]))
