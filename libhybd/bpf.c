@@ -548,17 +548,10 @@ static void hybd_bpf_reuse_maps(struct bpf_object *obj,
 	}
 }
 
+/* (a map the old program lacks leaves a message a later failure replaces) */
 static int old_pinned_map(void *ctx, const char *name)
 {
-	char path[PATH_MAX];
-	uint32_t dev_id = *(uint32_t *)ctx;
-	int fd;
-
-	hybd_pin_path(path, sizeof(path), dev_id, "maps");
-	snprintf(path + strlen(path), sizeof(path) - strlen(path), "/%s",
-		 name);
-	fd = bpf_obj_get(path);
-	return fd < 0 ? -errno : fd;
+	return hybd_bpf_map_open_pinned(*(uint32_t *)ctx, name);
 }
 
 static int old_object_map(void *ctx, const char *name)

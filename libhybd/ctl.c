@@ -316,18 +316,29 @@ int hybd_ctl_del(uint32_t id)
 
 int hybd_ctl_add(const struct hybd_config *cfg, uint32_t *id_out)
 {
+	struct hybd_params p;
+	int ret;
+
+	if (!cfg)
+		return hybd__err(-EINVAL, "hybd_ctl_add: no configuration");
+	ret = hybd__config_to_params(cfg, &p);
+	if (ret)
+		return ret;
+	return hybd__ctl_add_params(&p, cfg->dev_id, id_out);
+}
+
+/* HYBD_CTL_ADD with parameters already made from a config (dev_id -1: any) */
+int hybd__ctl_add_params(const struct hybd_params *p, int32_t dev_id,
+			 uint32_t *id_out)
+{
 	struct hybd_ctl_add add;
 	char msg[256];
 	int fd, ret;
 
-	if (!cfg)
-		return hybd__err(-EINVAL, "hybd_ctl_add: no configuration");
 	memset(&add, 0, sizeof(add));
-	ret = hybd__config_to_params(cfg, &add.params);
-	if (ret)
-		return ret;
+	add.params = *p;
 	add.len = sizeof(add);
-	add.dev_id = cfg->dev_id < 0 ? HYBD_DEV_ID_ANY : (uint32_t)cfg->dev_id;
+	add.dev_id = dev_id < 0 ? HYBD_DEV_ID_ANY : (uint32_t)dev_id;
 
 	fd = ctl_open(0);
 	if (fd < 0)
@@ -335,7 +346,7 @@ int hybd_ctl_add(const struct hybd_config *cfg, uint32_t *id_out)
 	ret = ioctl(fd, HYBD_CTL_ADD, &add) < 0 ? -errno : 0;
 	close(fd);
 	if (ret) {
-		hybd__param_errmsg(msg, sizeof(msg), &add.params, cfg->dev_id,
+		hybd__param_errmsg(msg, sizeof(msg), &add.params, dev_id,
 				   add.err_param, ret);
 		return hybd__err(ret, "%s", msg);
 	}

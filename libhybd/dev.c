@@ -238,7 +238,7 @@ int hybd_dev_create_sized(const struct hybd_config *cfg_in, size_t cfg_size,
 	if (cfg.queue_threads > HYBD_MAX_QUEUE_THREADS)
 		return hybd__err(-EINVAL, "queue_threads %u: at most %u",
 				 cfg.queue_threads, HYBD_MAX_QUEUE_THREADS);
-	/* what can be checked here is, before the module is looked for */
+	/* checked here, before the module is looked for; added as made */
 	ret = hybd__config_to_params(&cfg, &params);
 	if (!ret)
 		ret = hybd_ctl_features(&feat);
@@ -261,7 +261,7 @@ int hybd_dev_create_sized(const struct hybd_config *cfg_in, size_t cfg_size,
 	pthread_mutex_init(&dev->lock, NULL);
 	pthread_cond_init(&dev->cond, NULL);
 
-	ret = hybd_ctl_add(&cfg, &dev->id);
+	ret = hybd__ctl_add_params(&params, cfg.dev_id, &dev->id);
 	if (ret)
 		goto out_free;
 	snprintf(dev->path, sizeof(dev->path), HYBD_DEV_DIR HYBD_DISK_NAME_FMT,

@@ -140,6 +140,8 @@ void hybd__ops_str(uint32_t ops, char *buf, size_t size);
 
 /* ctl.c */
 int hybd__ctl_del(uint32_t id);
+int hybd__ctl_add_params(const struct hybd_params *p, int32_t dev_id,
+			 uint32_t *id_out);
 int hybd__config_to_params(const struct hybd_config *cfg,
 			   struct hybd_params *p);
 int hybd__resolve_ops(struct hybd_config *cfg, uint32_t have);

@@ -137,17 +137,27 @@ void hybd__queue_exit(struct hybd_queue *q)
 	q->io_data = NULL;
 }
 
-/* Hand the completions posted on queue sio->queue to the kernel. */
-static int srv_commit(int srv_fd, struct hybd_srv_io *sio)
+/*
+ * HYBD_SRV_IO with @flags on queue sio->queue: commit what is posted (and
+ * wait or arm).  Returns the completions taken, or -errno.
+ */
+static int srv_io(int srv_fd, struct hybd_srv_io *sio, uint16_t flags)
 {
 	int ret;
 
 	sio->len = sizeof(*sio);
-	sio->flags = 0;
+	sio->flags = flags;
+	sio->reserved0 = 0;
 	do {
 		ret = ioctl(srv_fd, HYBD_SRV_IO, sio);
 	} while (ret < 0 && errno == EINTR);
 	return ret < 0 ? -errno : ret;
+}
+
+/* Hand the completions posted on queue sio->queue to the kernel. */
+static int srv_commit(int srv_fd, struct hybd_srv_io *sio)
+{
+	return srv_io(srv_fd, sio, 0);
 }
 
 /*
@@ -259,7 +269,7 @@ static int in_range(const struct hybd_dev *dev, uint64_t sector, uint32_t len)
 static int io_dispatch(struct hybd_queue *q, struct hybd_io *io)
 {
 	const struct hybd_driver *drv = &q->dev->drv;
-	void *buf = q->data + (size_t)io->tag * q->max_io;
+	void *buf = hybd_io_buf(io);	/* NULL but for reads and writes */
 	uint64_t off = io->offset;
 	uint32_t len = io->len;
 
@@ -470,18 +480,10 @@ static bool uncommitted(struct hybd_queue *q)
 /* HYBD_SRV_IO on the worker's queue; -ENODEV: the device is gone. */
 static int worker_io(struct hybd_queue *q, uint16_t flags)
 {
-	struct hybd_srv_io sio;
+	struct hybd_srv_io sio = { .queue = q->id };
+	int ret = srv_io(q->dev->srv_fd, &sio, flags);
 
-	for (;;) {
-		memset(&sio, 0, sizeof(sio));
-		sio.len = sizeof(sio);
-		sio.queue = q->id;
-		sio.flags = flags;
-		if (ioctl(q->dev->srv_fd, HYBD_SRV_IO, &sio) >= 0)
-			return 0;
-		if (errno != EINTR)
-			return -errno;
-	}
+	return ret < 0 ? ret : 0;
 }
 
 /*
