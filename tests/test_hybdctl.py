@@ -256,17 +256,22 @@ def test_hybdctl_del_refuses_a_device_whose_partition_is_mounted(ramdisk,
     assert srv.wait(T_STOP) == 1, srv.output()
 
 
-def test_hybdctl_del_refuses_an_open_device_naming_the_process(ramdisk,
-                                                               spawned):
-    srv = ramdisk(size="16M")
-    settle()
-    # a process holding /dev/hybdN open (as its stdin), and nothing else
-    fd = os.open(srv.dev, os.O_RDONLY)
+def hold_open(dev, spawned):
+    """A process holding DEV open (as its stdin), and nothing else."""
+    fd = os.open(dev, os.O_RDONLY)
     try:
         holder = subprocess.Popen(["sleep", "600"], stdin=fd)
     finally:
         os.close(fd)
     spawned.append(holder)
+    return holder
+
+
+def test_hybdctl_del_refuses_an_open_device_naming_the_process(ramdisk,
+                                                               spawned):
+    srv = ramdisk(size="16M")
+    settle()
+    holder = hold_open(srv.dev, spawned)
 
     assert_refused(srv.dev, srv.id,
                    f"{srv.dev} is open in pid {holder.pid} (sleep)")
@@ -285,12 +290,7 @@ def test_hybdctl_del_in_use_deletes_an_open_device_and_drains_it(ramdisk,
                                                                 spawned):
     srv = ramdisk(size="16M")
     settle()
-    fd = os.open(srv.dev, os.O_RDONLY)
-    try:
-        holder = subprocess.Popen(["sleep", "600"], stdin=fd)
-    finally:
-        os.close(fd)
-    spawned.append(holder)
+    holder = hold_open(srv.dev, spawned)
     rc, out, err = hybdctl("del", "--in-use", str(srv.id))
     assert rc == 0, err
     assert srv.id not in device_ids()
