@@ -675,7 +675,14 @@ int hybd_run_sized(const struct hybd_config *cfg, size_t cfg_size,
 	ret = hybd_dev_create_sized(cfg, cfg_size, drv, drv_size, priv, &dev);
 	if (ret)
 		goto out;
-	ret = hybd_dev_start(dev);
+	if (drv_size > offsetof(struct hybd_driver, prepare) && drv->prepare) {
+		ret = drv->prepare(dev);
+		if (ret)
+			hybd__err(ret, "the driver's prepare hook failed: %s",
+				  strerror(-ret));
+	}
+	if (!ret)
+		ret = hybd_dev_start(dev);
 	if (ret) {
 		char msg[HYBD_ERRMSG_MAX];
 

@@ -57,7 +57,7 @@ extern "C" {
 #include <stddef.h>
 
 #define HYBD_LIB_VERSION_MAJOR	1
-#define HYBD_LIB_VERSION_MINOR	3
+#define HYBD_LIB_VERSION_MINOR	4
 /* what hybd_lib_version() returns for a given version */
 #define HYBD_LIB_VERSION(major, minor)	(((major) << 16) | (minor))
 
@@ -209,6 +209,17 @@ struct hybd_driver {
 	 * hybd_dev_start()), e.g. to print its name or tell a supervisor.
 	 */
 	void (*ready)(struct hybd_dev *dev);
+
+	/* since 1.4 */
+
+	/*
+	 * prepare - hybd_run() only: called once the device is added (its
+	 * id is known: hybd_dev_id()) and before hybd_dev_start(), so that
+	 * no request can arrive yet: the place to attach a fast path and
+	 * seed its maps from the driver's own state.  A negative errno
+	 * ends hybd_run() with it (the device is deleted).
+	 */
+	int (*prepare)(struct hybd_dev *dev);
 };
 
 /*

@@ -34,7 +34,7 @@ host_headers() {
 
 # building: the module (headers, pahole for its BTF), libhybd and hybdctl
 # (libbpf, libelf, zlib), the BPF programs (clang); running: insmod, bpftool
-BUILD_PKGS="build-essential clang-14 libbpf-dev bpftool libelf-dev zlib1g-dev liburing-dev \
+BUILD_PKGS="build-essential clang-14 libbpf-dev bpftool libelf-dev zlib1g-dev liburing-dev libssl-dev \
 dwarves pkg-config kmod udev"
 # the test guest: the kernel it boots and the headers the module is built
 # against for it, qemu and virtme-ng (from PyPI, below), and what the

@@ -1,0 +1,410 @@
+// SPDX-License-Identifier: MIT
+/*
+ * test_store - the dedup store engine's tests, on the host, without hybd:
+ * space accounting, reuse, concurrency, crashes between commits, and
+ * damaged stores.  `make test-store` runs them in a temporary directory
+ * ($TMPDIR or /tmp); each prints "ok <name>" or fails with a message.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "store.h"
+
+static char path[256];
+
+static void __attribute__((noreturn, format(printf, 1, 2)))
+die(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	fprintf(stderr, "FAIL: ");
+	vfprintf(stderr, fmt, ap);
+	fprintf(stderr, "\n");
+	va_end(ap);
+	exit(1);
+}
+
+#define CHECK(cond, ...) do { if (!(cond)) die(__VA_ARGS__); } while (0)
+#define OK(call) do { int r_ = (call); \
+	CHECK(!r_, "%s: %d (%s)", #call, r_, dd_errmsg()); } while (0)
+
+/* Block content number @n: distinct for distinct n, never all zero. */
+static void pattern(void *buf, uint64_t n)
+{
+	uint64_t *p = buf;
+	unsigned int i;
+
+	p[0] = n + 1;
+	for (i = 1; i < DD_BLOCK_SIZE / 8; i++)
+		p[i] = (n + 1) * 0x9e3779b97f4a7c15ULL + i;
+}
+
+static uint64_t content_of(const void *buf)
+{
+	const uint64_t *p = buf;
+	char want[DD_BLOCK_SIZE];
+
+	pattern(want, p[0] - 1);
+	return memcmp(want, buf, sizeof(want)) ? UINT64_MAX : p[0] - 1;
+}
+
+static struct dd_store *fresh(uint64_t blocks)
+{
+	struct dd_store *s;
+
+	unlink(path);
+	OK(dd_format(path, blocks * DD_BLOCK_SIZE, 0));
+	OK(dd_open(path, 0, &s));
+	return s;
+}
+
+static uint64_t file_size(void)
+{
+	struct stat st;
+
+	CHECK(!stat(path, &st), "stat %s", path);
+	return st.st_size;
+}
+
+static long check_clean(void)
+{
+	struct dd_store *s;
+	FILE *null = fopen("/dev/null", "w");
+	long problems;
+
+	OK(dd_open(path, DD_O_RDONLY, &s));
+	problems = dd_check(s, null);
+	fclose(null);
+	dd_close(s);
+	return problems;
+}
+
+/* Same content twice costs one chunk; zeros none; discards free them. */
+static void test_accounting(void)
+{
+	char buf[DD_BLOCK_SIZE], got[DD_BLOCK_SIZE];
+	struct dd_store *s = fresh(4096);
+	struct dd_stats st;
+	uint64_t i, size;
+
+	for (i = 0; i < 1024; i++) {
+		pattern(buf, i);
+		OK(dd_write(s, i, buf));
+		OK(dd_write(s, 2048 + i, buf));
+	}
+	memset(buf, 0, sizeof(buf));
+	for (i = 1024; i < 2048; i++)
+		OK(dd_write(s, i, buf));
+	OK(dd_commit(s));
+	dd_stats(s, &st);
+	CHECK(st.mapped_blocks == 2048, "mapped %" PRIu64, st.mapped_blocks);
+	CHECK(st.chunks_used == 1024, "chunks %" PRIu64, st.chunks_used);
+	CHECK(st.zero_writes == 1024, "zero writes %" PRIu64, st.zero_writes);
+	for (i = 0; i < 4096; i++) {
+		OK(dd_read(s, i, got));
+		if (i < 1024 || (i >= 2048 && i < 3072))
+			pattern(buf, i % 2048);
+		else
+			memset(buf, 0, sizeof(buf));
+		CHECK(!memcmp(buf, got, sizeof(buf)), "block %" PRIu64, i);
+	}
+	size = file_size();
+
+	/* both copies gone: the chunks are free after the commit */
+	OK(dd_write_hole(s, 0, 1024));
+	OK(dd_write_hole(s, 2048, 1024));
+	dd_stats(s, &st);
+	CHECK(st.chunks_used == 0 && st.chunks_pending == 1024,
+	      "used %" PRIu64 " pending %" PRIu64, st.chunks_used,
+	      st.chunks_pending);
+	/* new content reuses them without a flush: the writer commits */
+	for (i = 0; i < 1024; i++) {
+		pattern(buf, 5000 + i);
+		OK(dd_write(s, i, buf));
+	}
+	OK(dd_commit(s));
+	CHECK(file_size() == size, "the store grew: %" PRIu64 " -> %" PRIu64,
+	      size, file_size());
+	dd_close(s);
+	CHECK(check_clean() == 0, "check after reuse");
+	printf("ok accounting\n");
+}
+
+/* A commit keeps everything; reopening finds it, holes included. */
+static void test_reopen(void)
+{
+	char buf[DD_BLOCK_SIZE], got[DD_BLOCK_SIZE];
+	struct dd_store *s = fresh(3000);
+	struct dd_stats st;
+	uint64_t i;
+
+	for (i = 0; i < 3000; i++) {
+		pattern(buf, i % 700);
+		OK(dd_write(s, i, buf));
+	}
+	OK(dd_write_hole(s, 100, 50));
+	OK(dd_commit(s));
+	dd_close(s);
+	CHECK(dd_open(path, 0, &s) == 0, "reopen: %s", dd_errmsg());
+	CHECK(dd_open(path, 0, &(struct dd_store *){ NULL }) == -EBUSY,
+	      "a second opener is refused");
+	dd_stats(s, &st);
+	CHECK(st.mapped_blocks == 2950 && st.chunks_used == 700,
+	      "mapped %" PRIu64 " used %" PRIu64, st.mapped_blocks,
+	      st.chunks_used);
+	for (i = 0; i < 3000; i++) {
+		OK(dd_read(s, i, got));
+		if (i >= 100 && i < 150) {
+			CHECK(dd_is_hole(s, i), "block %" PRIu64 " hole", i);
+			memset(buf, 0, sizeof(buf));
+		} else {
+			pattern(buf, i % 700);
+		}
+		CHECK(!memcmp(buf, got, sizeof(buf)), "block %" PRIu64, i);
+	}
+	dd_close(s);
+	printf("ok reopen\n");
+}
+
+/* Threads write their own blocks with shared contents, commits run. */
+#define THREADS		4
+#define PER_THREAD	512
+
+struct worker {
+	struct dd_store *s;
+	unsigned int id;
+	uint64_t last[PER_THREAD];
+};
+
+static void *work(void *arg)
+{
+	struct worker *w = arg;
+	char buf[DD_BLOCK_SIZE], got[DD_BLOCK_SIZE];
+	unsigned int seed = w->id, i;
+
+	for (i = 0; i < 20000; i++) {
+		uint64_t slot = rand_r(&seed) % PER_THREAD;
+		uint64_t blk = slot * THREADS + w->id;
+
+		if (rand_r(&seed) % 4 == 0) {
+			OK(dd_read(w->s, blk, got));
+			if (w->last[slot] == UINT64_MAX) {
+				memset(buf, 0, sizeof(buf));
+			} else {
+				pattern(buf, w->last[slot]);
+			}
+			CHECK(!memcmp(buf, got, sizeof(buf)),
+			      "thread %u block %" PRIu64, w->id, blk);
+		} else if (rand_r(&seed) % 10 == 0) {
+			OK(dd_write_hole(w->s, blk, 1));
+			w->last[slot] = UINT64_MAX;
+		} else {
+			w->last[slot] = rand_r(&seed) % 300;
+			pattern(buf, w->last[slot]);
+			OK(dd_write(w->s, blk, buf));
+		}
+		if (i % 2000 == 0)
+			OK(dd_commit(w->s));
+	}
+	return NULL;
+}
+
+static void test_threads(void)
+{
+	struct dd_store *s = fresh(THREADS * PER_THREAD);
+	struct worker w[THREADS];
+	pthread_t t[THREADS];
+	struct dd_stats st;
+	unsigned int i;
+
+	for (i = 0; i < THREADS; i++) {
+		w[i].s = s;
+		w[i].id = i;
+		memset(w[i].last, 0xff, sizeof(w[i].last));
+		pthread_create(&t[i], NULL, work, &w[i]);
+	}
+	for (i = 0; i < THREADS; i++)
+		pthread_join(t[i], NULL);
+	OK(dd_commit(s));
+	dd_stats(s, &st);
+	CHECK(st.chunks_used <= 300, "%" PRIu64 " chunks for 300 contents",
+	      st.chunks_used);
+	dd_close(s);
+	CHECK(check_clean() == 0, "check after the threads");
+	printf("ok threads (%" PRIu64 " commits)\n", st.commits);
+}
+
+/*
+ * A child commits generation A, then writes generation B without a
+ * commit and is killed at a random moment: every block reads A or B
+ * (the allocator's own commits may have kept some of B), never anything
+ * else, and the store checks clean.
+ */
+static void test_kill(void)
+{
+	const uint64_t blocks = 2048;
+	char buf[DD_BLOCK_SIZE];
+	unsigned int round;
+
+	for (round = 0; round < 10; round++) {
+		struct dd_store *s = fresh(blocks);
+		uint64_t i, a = 0, b = 0;
+		pid_t pid;
+		int status;
+
+		for (i = 0; i < blocks; i++) {
+			pattern(buf, i);
+			OK(dd_write(s, i, buf));
+		}
+		OK(dd_commit(s));
+		dd_close(s);
+
+		pid = fork();
+		if (!pid) {
+			OK(dd_open(path, 0, &s));
+			for (i = 0;; i = (i + 7) % blocks) {
+				pattern(buf, blocks + i);
+				OK(dd_write(s, i, buf));
+				if (i % 64 == 3)
+					OK(dd_write_hole(s, i, 1));
+			}
+		}
+		usleep(20000 + rand() % 200000);
+		kill(pid, SIGKILL);
+		waitpid(pid, &status, 0);
+		CHECK(WIFSIGNALED(status), "the child died of itself");
+
+		OK(dd_open(path, 0, &s));
+		for (i = 0; i < blocks; i++) {
+			uint64_t n;
+
+			OK(dd_read(s, i, buf));
+			if (dd_is_hole(s, i)) {
+				b++;
+				continue;
+			}
+			n = content_of(buf);
+			CHECK(n == i || n == blocks + i,
+			      "round %u block %" PRIu64 ": content %" PRIu64,
+			      round, i, n);
+			n == i ? a++ : b++;
+		}
+		dd_close(s);
+		CHECK(check_clean() == 0, "check after kill %u", round);
+		printf("ok kill %u (%" PRIu64 " old, %" PRIu64 " new)\n", round,
+		       a, b);
+	}
+}
+
+static void patch(off_t off, const void *bytes, size_t len)
+{
+	int fd = open(path, O_RDWR);
+
+	CHECK(fd >= 0 && pwrite(fd, bytes, len, off) == (ssize_t)len,
+	      "patching %s", path);
+	close(fd);
+}
+
+static void expect_open_fails(int err, const char *words)
+{
+	struct dd_store *s;
+	int ret = dd_open(path, 0, &s);
+
+	CHECK(ret == err, "open: %d, wanted %d (%s)", ret, err, dd_errmsg());
+	CHECK(strstr(dd_errmsg(), words), "message \"%s\" lacks \"%s\"",
+	      dd_errmsg(), words);
+}
+
+static void test_damage(void)
+{
+	char buf[DD_BLOCK_SIZE];
+	struct dd_store *s = fresh(1024);
+	uint32_t bad = 999999;
+	FILE *null;
+	uint64_t i;
+
+	for (i = 0; i < 64; i++) {
+		pattern(buf, i);
+		OK(dd_write(s, i, buf));
+	}
+	OK(dd_commit(s));
+	dd_close(s);
+
+	/* a chunk's content changes behind the store's back */
+	patch(4096 + 1024 * 4 + ((1024 + 1024) * 32 + 4095) / 4096 * 4096 + 17,
+	      "X", 1);
+	CHECK(check_clean() == 1, "a damaged chunk is one problem");
+
+	/* a map entry points past the end */
+	patch(4096 + 5 * 4, &bad, 4);
+	expect_open_fails(-EUCLEAN, "past the end");
+	OK(dd_open(path, DD_O_RDONLY, &s));
+	null = fopen("/dev/null", "w");
+	CHECK(dd_check(s, null) == 2, "check: bad entry + bad chunk");
+	fclose(null);
+	dd_close(s);
+
+	/* the superblock */
+	patch(8, "\x02\0\0\0", 4);
+	expect_open_fails(-EUCLEAN, "checksum");
+	CHECK(truncate(path, 2048) == 0, "truncate");
+	expect_open_fails(-EUCLEAN, "truncated");
+	s = fresh(16);
+	dd_close(s);
+	patch(0, "NOTASTORE", 9);
+	expect_open_fails(-EINVAL, "not a dedup store");
+
+	/* a version from the future, with a valid checksum */
+	s = fresh(16);
+	dd_close(s);
+	{
+		/* the version is at byte 8, the crc of bytes 0-83 at 84 */
+		char sb[88];
+		int fd = open(path, O_RDWR);
+		uint32_t v = 2, crc;
+		extern unsigned long crc32(unsigned long, const unsigned char *,
+					   unsigned int);
+
+		CHECK(pread(fd, sb, sizeof(sb), 0) == sizeof(sb), "read sb");
+		memcpy(sb + 8, &v, 4);
+		crc = crc32(0, (unsigned char *)sb, 84);
+		memcpy(sb + 84, &crc, 4);
+		CHECK(pwrite(fd, sb, sizeof(sb), 0) == sizeof(sb), "write sb");
+		close(fd);
+	}
+	expect_open_fails(-EPROTO, "format version 2");
+
+	/* format refuses a store without --force */
+	CHECK(dd_format(path, 1 << 20, 0) == -EEXIST, "format over a store");
+	OK(dd_format(path, 1 << 20, DD_F_FORCE));
+	printf("ok damage\n");
+}
+
+int main(void)
+{
+	const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+
+	snprintf(path, sizeof(path), "%s/test_store.%d", tmp, getpid());
+	srand(time(NULL));
+	test_accounting();
+	test_reopen();
+	test_threads();
+	test_kill();
+	test_damage();
+	unlink(path);
+	printf("all store tests passed\n");
+	return 0;
+}
