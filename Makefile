@@ -85,6 +85,7 @@ tools: lib
 examples: lib
 	$(Q)$(MAKE) -C examples/ramdisk
 	$(Q)$(MAKE) -C examples/loop
+	$(Q)$(MAKE) -C examples/dedup
 	$(Q)$(MAKE) -C tests/helpers
 	$(Q)$(MAKE) -C tests/abi
 
@@ -96,6 +97,7 @@ bpf:
 # needs the module runs in one guest boot (tools/vm-run).
 unit: lib
 	$(Q)$(MAKE) -C tests/unit run
+	$(Q)$(MAKE) -C examples/dedup test-store
 
 test: guest-deps
 	$(Q)$(MAKE) all
@@ -179,6 +181,7 @@ clean:
 	$(Q)$(MAKE) -C tools clean
 	$(Q)$(MAKE) -C examples/ramdisk clean
 	$(Q)$(MAKE) -C examples/loop clean
+	$(Q)$(MAKE) -C examples/dedup clean
 	$(Q)$(MAKE) -C tests/helpers clean
 	$(Q)$(MAKE) -C tests/abi clean
 	$(Q)$(MAKE) -C tests/unit clean

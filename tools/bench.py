@@ -17,6 +17,11 @@ ratios:
   kloop        the kernel loop device over a file (direct I/O)
   hloop        examples/loop (hybd-loop) over the same kind of file: one
                io_uring per queue, O_DIRECT
+  ddslow       examples/dedup over a store file, --no-fast-path, over a
+               disk-image-like mix: a third never written (zeros), a third
+               duplicates of 16 blocks, a third unique
+  ddfast       the same with its fast path (dedup.bpf.o), warm: holes
+               from its exact map, the rest from its cache
 
 Each line is measured at QD1 (psync: mean, p50, p99, p99.9 completion
 latency) and QD32 (io_uring: IOPS), --samples times, the lines interleaved
@@ -57,6 +62,7 @@ REPO = Path(__file__).resolve().parent.parent
 HYBDCTL = REPO / "tools" / "hybdctl"
 RAMDISK = REPO / "examples" / "ramdisk" / "ramdisk"
 LOOP = REPO / "examples" / "loop" / "hybd-loop"
+DEDUP = REPO / "examples" / "dedup" / "dedup"
 BPF_DIR = REPO / "bpf"
 CONTROL = "/dev/hybd-control"
 KMOD = Path(os.environ.get("HYBD_KMOD", REPO / "kmod" / "hybd.ko"))
@@ -86,6 +92,12 @@ LINES = {
     "hloop": ("hybd-loop (file)",
               dict(prog=None, data=True, poll_ns=0, fast=False,
                    server="loop")),
+    "ddslow": ("dedup, no fast path",
+               dict(prog=None, data="mix", poll_ns=0, fast=False,
+                    server="dedup")),
+    "ddfast": ("dedup + fast path",
+               dict(prog=None, data="mix", poll_ns=0, fast=True,
+                    server="dedup")),
 }
 MODES = ("qd1", "qd32")
 
@@ -189,6 +201,30 @@ def fill_region(dev, size, chunk=1 << 20):
             n = min(chunk, size - off)
             if os.pwritev(fd, [memoryview(buf)[:n]], off) != n:
                 raise BenchError(f"short write on {dev} at {off}")
+        os.fsync(fd)
+    except OSError as e:
+        raise BenchError(f"write {dev}: {e.strerror}") from None
+    finally:
+        os.close(fd)
+        buf.close()
+
+
+def fill_mix(dev, size):
+    """A disk image's mix over [0, size): block i is never written (reads
+    as zeros) when i % 3 == 0, one of 16 shared contents when i % 3 == 1,
+    unique when i % 3 == 2."""
+    buf = mmap.mmap(-1, BS)
+    seed = os.urandom(BS)
+    fd = _direct_fd(dev, os.O_WRONLY)
+    try:
+        for blk in range(size // BS):
+            if blk % 3 == 0:
+                continue
+            tag = blk % 16 if blk % 3 == 1 else 1000 + blk
+            buf[:] = seed
+            buf[:8] = (tag + 1).to_bytes(8, "little")
+            if os.pwritev(fd, [buf], blk * BS) != BS:
+                raise BenchError(f"short write on {dev} at {blk * BS}")
         os.fsync(fd)
     except OSError as e:
         raise BenchError(f"write {dev}: {e.strerror}") from None
@@ -468,6 +504,15 @@ def setup_hybd(line, ctx):
         if not os.access(LOOP, os.X_OK):
             raise BenchError(f"{LOOP} is not built (make examples)")
         server = Ramdisk([*args, backing_file(ctx, "hloop.img")], exe=LOOP)
+    elif spec.get("server") == "dedup":
+        if not os.access(DEDUP, os.X_OK):
+            raise BenchError(f"{DEDUP} is not built (make examples)")
+        store = os.path.join(ctx.tmp, f"{line.key}.store")
+        run([DEDUP, "format", "--force", "--size",
+             str(ctx.args.ramdisk_size), store])
+        fast = (["--bpf", str(DEDUP.parent / "dedup.bpf.o")] if spec["fast"]
+                else ["--no-fast-path"])
+        server = Ramdisk(["serve", *fast, store], exe=DEDUP)
     else:
         args += ["--size", str(ctx.args.ramdisk_size)]
         if spec["poll_ns"]:
@@ -477,7 +522,9 @@ def setup_hybd(line, ctx):
     server.wait_ready()
     line.dev = server.dev
     line.info = {"server": " ".join(server.cmd), "program": spec["prog"]}
-    if spec["data"]:
+    if spec["data"] == "mix":
+        fill_mix(line.dev, ctx.args.region)
+    elif spec["data"]:
         fill_region(line.dev, ctx.args.region)
     if spec["prog"]:
         obj = BPF_DIR / f"{spec['prog']}.bpf.o"
@@ -681,6 +728,18 @@ def print_table(lines, summary, targets, args):
         print(f"hybd-loop / kernel loop: QD1 mean "
               f"{rat(ratio(hl['mean_us'], kl['mean_us'])).strip()}, "
               f"QD32 IOPS {rat(ratio(hl['qd32_iops'], kl['qd32_iops'])).strip()}")
+    dn, df = summary.get("ddslow"), summary.get("ddfast")
+    if dn and df:
+        print(f"dedup with / without its fast path: QD1 mean "
+              f"{rat(ratio(df['mean_us'], dn['mean_us'])).strip()}, "
+              f"QD32 IOPS {rat(ratio(df['qd32_iops'], dn['qd32_iops'])).strip()}"
+              f"; hit rate {fmt_pct(df['fast_share'])}")
+    for d in (dn, df):
+        if d and kl:
+            name = "dedup + fast path" if d is df else "dedup, no fast path"
+            print(f"{name} / kernel loop: QD1 mean "
+                  f"{rat(ratio(d['mean_us'], kl['mean_us'])).strip()}, "
+                  f"QD32 IOPS {rat(ratio(d['qd32_iops'], kl['qd32_iops'])).strip()}")
     print()
     print("targets:")
     for t in targets:
