@@ -85,6 +85,7 @@ tools: lib
 examples: lib
 	$(Q)$(MAKE) -C examples/ramdisk
 	$(Q)$(MAKE) -C examples/loop
+	$(Q)$(MAKE) -C examples/dedup
 	$(Q)$(MAKE) -C tests/helpers
 	$(Q)$(MAKE) -C tests/abi
 
@@ -179,6 +180,7 @@ clean:
 	$(Q)$(MAKE) -C tools clean
 	$(Q)$(MAKE) -C examples/ramdisk clean
 	$(Q)$(MAKE) -C examples/loop clean
+	$(Q)$(MAKE) -C examples/dedup clean
 	$(Q)$(MAKE) -C tests/helpers clean
 	$(Q)$(MAKE) -C tests/abi clean
 	$(Q)$(MAKE) -C tests/unit clean
