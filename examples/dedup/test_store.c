@@ -12,9 +12,11 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -23,6 +25,95 @@
 #include "store.h"
 
 static char path[256];
+
+/*
+ * Power loss, simulated under the engine: the test is linked with
+ * -Wl,--wrap=pwrite,--wrap=fdatasync, so every pwrite() of store.c comes
+ * here first.  The first write to a 4 KiB page of the store after a
+ * fdatasync() keeps the page's content from before it (zeros past the
+ * end); power_loss() then reverts a random half of the pages written
+ * since the last fdatasync(), as a page cache that wrote back some dirty
+ * pages and lost the others would.
+ */
+ssize_t __real_pwrite(int fd, const void *buf, size_t n, off_t off);
+int __real_fdatasync(int fd);
+
+struct preimage {
+	off_t page;
+	char data[DD_BLOCK_SIZE];
+};
+
+static struct preimage *dirty_pages;
+static size_t nr_dirty, dirty_room;
+static ino_t store_ino;		/* 0: the simulation is off */
+
+static bool is_store(int fd)
+{
+	struct stat st;
+
+	return store_ino && !fstat(fd, &st) && st.st_ino == store_ino;
+}
+
+ssize_t __wrap_pwrite(int fd, const void *buf, size_t n, off_t off)
+{
+	off_t page;
+	size_t i;
+
+	if (!is_store(fd))
+		return __real_pwrite(fd, buf, n, off);
+	for (page = off / DD_BLOCK_SIZE * DD_BLOCK_SIZE; page < off + (off_t)n;
+	     page += DD_BLOCK_SIZE) {
+		for (i = 0; i < nr_dirty && dirty_pages[i].page != page; i++)
+			;
+		if (i < nr_dirty)
+			continue;
+		if (nr_dirty == dirty_room) {
+			dirty_room = dirty_room ? 2 * dirty_room : 256;
+			dirty_pages = realloc(dirty_pages,
+					      dirty_room * sizeof(*dirty_pages));
+			if (!dirty_pages)
+				abort();
+		}
+		memset(dirty_pages[nr_dirty].data, 0, DD_BLOCK_SIZE);
+		if (pread(fd, dirty_pages[nr_dirty].data, DD_BLOCK_SIZE, page) < 0)
+			abort();
+		dirty_pages[nr_dirty++].page = page;
+	}
+	return __real_pwrite(fd, buf, n, off);
+}
+
+static unsigned int crash_at, syncs;	/* lose power at sync number */
+static void crash_now(void);
+
+int __wrap_fdatasync(int fd)
+{
+	if (!is_store(fd))
+		return __real_fdatasync(fd);
+	if (crash_at && ++syncs == crash_at)
+		crash_now();		/* does not return */
+	nr_dirty = 0;
+	return __real_fdatasync(fd);
+}
+
+/* Lose a random half of what was written since the last fdatasync(). */
+static size_t power_loss(unsigned int *seed)
+{
+	int fd = open(path, O_RDWR);
+	size_t i, lost = 0;
+
+	if (fd < 0)
+		abort();
+	for (i = 0; i < nr_dirty; i++)
+		if (rand_r(seed) % 2) {
+			if (__real_pwrite(fd, dirty_pages[i].data, DD_BLOCK_SIZE,
+					  dirty_pages[i].page) != DD_BLOCK_SIZE)
+				abort();
+			lost++;
+		}
+	nr_dirty = 0;
+	close(fd);
+	return lost;
+}
 
 static void __attribute__((noreturn, format(printf, 1, 2)))
 die(const char *fmt, ...)
@@ -309,6 +400,127 @@ static void test_kill(void)
 	}
 }
 
+/*
+ * Power loss in a child that writes, overwrites and punches holes with
+ * shared contents, commits now and then (the allocator commits on its
+ * own too), and loses power at a random fdatasync() -- before a commit's
+ * data is durable, or between its map writes and the end -- or at the
+ * end.  Afterwards every block reads its content at the last completed
+ * commit or one written after it, never anything else, and the store
+ * checks clean.
+ */
+#define PL_BLOCKS	1024
+#define PL_CONTENTS	4000
+
+struct pl_state {
+	/* per block: the content at the last commit (0: a hole), and the
+	 * contents written since (bit n: content n, bit 0: a hole)
+	 */
+	uint64_t committed[PL_BLOCKS];
+	uint8_t since[PL_BLOCKS][PL_CONTENTS / 8 + 1];
+	uint64_t ops, lost;
+};
+
+static unsigned int pl_seed;
+static struct pl_state *pl;
+
+static void crash_now(void)
+{
+	pl->lost = power_loss(&pl_seed);
+	_exit(0);
+}
+
+static void pl_child(void)
+{
+	char buf[DD_BLOCK_SIZE];
+	struct dd_store *s;
+	uint64_t i, blk, n;
+	struct stat st;
+
+	OK(dd_open(path, 0, &s));
+	CHECK(!stat(path, &st), "stat");
+	store_ino = st.st_ino;
+	for (i = 0; i < pl->ops; i++) {
+		blk = rand_r(&pl_seed) % PL_BLOCKS;
+		n = rand_r(&pl_seed) % (PL_CONTENTS + 1);
+		if (n == PL_CONTENTS) {
+			n = 0;
+			OK(dd_write_hole(s, blk, 1));
+		} else {
+			pattern(buf, ++n);
+			OK(dd_write(s, blk, buf));
+		}
+		pl->since[blk][n / 8] |= 1 << (n % 8);
+		if (rand_r(&pl_seed) % 500 == 0) {
+			OK(dd_commit(s));
+			/* what the map says now is the durable state */
+			for (blk = 0; blk < PL_BLOCKS; blk++) {
+				OK(dd_read(s, blk, buf));
+				pl->committed[blk] = dd_is_hole(s, blk) ? 0 :
+						     content_of(buf);
+				memset(pl->since[blk], 0, sizeof(pl->since[blk]));
+			}
+		}
+	}
+	crash_now();
+}
+
+static void test_power_loss(void)
+{
+	char buf[DD_BLOCK_SIZE];
+	unsigned int round, mid = 0;
+	uint64_t blk, n;
+
+	pl = mmap(NULL, sizeof(*pl), PROT_READ | PROT_WRITE,
+		  MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	CHECK(pl != MAP_FAILED, "mmap");
+	for (round = 0; round < 30; round++) {
+		struct dd_store *s = fresh(PL_BLOCKS);
+		int status;
+		pid_t pid;
+
+		memset(pl, 0, sizeof(*pl));
+		for (blk = 0; blk < PL_BLOCKS; blk++) {
+			pl->committed[blk] = 1 + rand() % PL_CONTENTS;
+			pattern(buf, pl->committed[blk]);
+			OK(dd_write(s, blk, buf));
+		}
+		OK(dd_commit(s));
+		dd_close(s);
+		pl->ops = 1000 + rand() % 6000;
+		pl_seed = rand();
+		/* a commit is two fdatasync()s; 0: only at the end */
+		crash_at = round % 3 ? 1 + rand() % 24 : 0;
+		syncs = 0;
+
+		pid = fork();
+		if (!pid)
+			pl_child();
+		waitpid(pid, &status, 0);
+		CHECK(WIFEXITED(status) && !WEXITSTATUS(status),
+		      "round %u: the child failed", round);
+
+		OK(dd_open(path, 0, &s));
+		for (blk = 0; blk < PL_BLOCKS; blk++) {
+			OK(dd_read(s, blk, buf));
+			n = dd_is_hole(s, blk) ? 0 : content_of(buf);
+			CHECK(n != UINT64_MAX, "round %u block %" PRIu64
+			      ": garbage after power loss", round, blk);
+			CHECK(n == pl->committed[blk] ||
+			      (pl->since[blk][n / 8] & (1 << (n % 8))),
+			      "round %u block %" PRIu64 ": content %" PRIu64
+			      ", committed %" PRIu64, round, blk, n,
+			      pl->committed[blk]);
+		}
+		dd_close(s);
+		CHECK(check_clean() == 0, "check after power loss %u", round);
+		mid += crash_at != 0;
+	}
+	printf("ok power loss (30 rounds, %u of them in the middle of a run)\n",
+	       mid);
+	munmap(pl, sizeof(*pl));
+}
+
 static void patch(off_t off, const void *bytes, size_t len)
 {
 	int fd = open(path, O_RDWR);
@@ -393,17 +605,33 @@ static void test_damage(void)
 	printf("ok damage\n");
 }
 
-int main(void)
+static const struct {
+	const char *name;
+	void (*fn)(void);
+} tests[] = {
+	{ "accounting", test_accounting },
+	{ "reopen", test_reopen },
+	{ "threads", test_threads },
+	{ "kill", test_kill },
+	{ "power_loss", test_power_loss },
+	{ "damage", test_damage },
+};
+
+/* test_store [NAME...]: the tests named, or all of them */
+int main(int argc, char **argv)
 {
 	const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+	unsigned int i;
+	int a;
 
 	snprintf(path, sizeof(path), "%s/test_store.%d", tmp, getpid());
 	srand(time(NULL));
-	test_accounting();
-	test_reopen();
-	test_threads();
-	test_kill();
-	test_damage();
+	for (i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
+		for (a = 1; a < argc && strcmp(argv[a], tests[i].name); a++)
+			;
+		if (argc == 1 || a < argc)
+			tests[i].fn();
+	}
 	unlink(path);
 	printf("all store tests passed\n");
 	return 0;
