@@ -7,8 +7,9 @@
  *   submit(io)    runs in the block driver's queue_rq for EVERY request
  *                 (read, write, flush, discard, write-zeroes).  Return
  *                 HYBD_BPF_DONE to complete it right here, -EIO & co. to
- *                 fail it, or HYBD_BPF_PASS to hand it to the user-space
- *                 server.
+ *                 fail it, HYBD_BPF_PASS to hand it to the user-space
+ *                 server, or, for a write whose payload is all zero,
+ *                 HYBD_BPF_PASS_ZEROES to hand it over as a write-zeroes.
  *   complete(io)  runs when the server finished a request, before the
  *                 block layer sees it: io->result is its status and, if
  *                 that is 0, a read's payload holds the data, so you can
@@ -23,6 +24,12 @@
  *   - a write, flush, discard or write-zeroes completed with DONE is never
  *     stored, flushed or discarded by the server: the program has taken
  *     that on itself.
+ * PASS_ZEROES is for writes only (any other request fails with EIO and
+ * counts in bpf_bad_ret): check hybd_bpf_io_is_zero() first, the kernel
+ * does not.  The server gets a write-zeroes of the same range and flags
+ * (FUA included) and none of the payload; on a device without
+ * write-zeroes, or past its max_write_zeroes_bytes, the write goes as it
+ * is (as PASS).  complete() still sees io->op == HYBD_OP_WRITE.
  * A read's payload is readable (copy_out, is_zero) only in complete() with
  * io->result 0; in submit() it is not the device's data yet, and after a
  * failure it is nobody's: both return -EINVAL there.

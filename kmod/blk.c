@@ -234,8 +234,8 @@ static blk_status_t hybd_queue_rq(struct blk_mq_hw_ctx *hctx,
 	struct hybd_io_desc *desc;
 	int op = hybd_rq_op(rq);
 	struct hybd_tag *t;
+	int srv_op, ret;
 	u16 flags;
-	int ret;
 
 	/* the queue limits offer nothing else, but trust no upper layer */
 	if (op < 0 || !(q->dev->params.basic.ops & hybd_op_bit(op)) ||
@@ -268,11 +268,19 @@ static blk_status_t hybd_queue_rq(struct blk_mq_hw_ctx *hctx,
 		ret = HYBD_BPF_PASS;
 	else
 		ret = hybd_bpf_submit(q, t);
-	if (ret != HYBD_BPF_PASS)
+	if (ret != HYBD_BPF_PASS && ret != HYBD_BPF_PASS_ZEROES)
 		return hybd_end_fast(q, rq, t, ret, bd->last);
 
+	/*
+	 * What the server gets: a write the program found all zero goes as
+	 * a write-zeroes of the same range and flags, without its payload.
+	 * Everything else (t->bio for complete(), the per-kind counters,
+	 * the completion, which looks at req_op()) sees the write it is.
+	 */
+	srv_op = ret == HYBD_BPF_PASS_ZEROES ? HYBD_OP_WRITE_ZEROES : op;
+
 	/* the tag's buffer is ours until the request completes */
-	if (op == HYBD_OP_WRITE)
+	if (srv_op == HYBD_OP_WRITE)
 		hybd_rq_copy(rq, 0, q->data + (size_t)tag *
 			     q->dev->params.basic.max_io_bytes, bytes, false);
 
@@ -287,7 +295,7 @@ static blk_status_t hybd_queue_rq(struct blk_mq_hw_ctx *hctx,
 	t->state = HYBD_TAG_INFLIGHT;
 
 	desc = &q->desc[tag];
-	WRITE_ONCE(desc->op, op);
+	WRITE_ONCE(desc->op, srv_op);
 	WRITE_ONCE(desc->flags, flags);
 	WRITE_ONCE(desc->nr_bytes, op == HYBD_OP_FLUSH ? 0 : bytes);
 	WRITE_ONCE(desc->sector, blk_rq_pos(rq));
@@ -296,6 +304,8 @@ static blk_status_t hybd_queue_rq(struct blk_mq_hw_ctx *hctx,
 	q->sq_tail++;
 
 	hybd_stat_inc(q, slow_issued);
+	if (srv_op != op)
+		hybd_stat_inc(q, bpf_pass_zeroes);
 	hybd_count_op(q, op, flags);
 	hybd_unlock_publish(q, bd->last);
 	return BLK_STS_OK;

@@ -5,7 +5,8 @@
  * move data between a request and BPF memory.
  *
  * submit() runs in queue_rq for every request and either completes it
- * (HYBD_BPF_DONE or -errno) or passes it to the server (HYBD_BPF_PASS).
+ * (HYBD_BPF_DONE or -errno) or passes it to the server (HYBD_BPF_PASS; a
+ * write it found all zero may go as a write-zeroes, HYBD_BPF_PASS_ZEROES).
  * complete() runs for a request when the server has finished it.
  *
  * Each attach or replace makes a struct hybd_bpf_prog: the ops, the
@@ -600,14 +601,35 @@ void hybd_bpf_fill_info(struct hybd_dev *dev, struct hybd_dev_info *info)
 	mutex_unlock(&hybd_bpf_lock);
 }
 
+/*
+ * The program returned HYBD_BPF_PASS_ZEROES: a write goes to the server as
+ * a write-zeroes if the device takes one that long, else as it is; any
+ * other request is outside the contract.
+ */
+static int hybd_bpf_pass_zeroes(struct hybd_queue *q, struct hybd_tag *t)
+{
+	const struct hybd_params *p = &q->dev->params;
+
+	if (t->bio.op != HYBD_OP_WRITE) {
+		hybd_stat_inc(q, bpf_bad_ret);
+		return -EIO;
+	}
+	if (!(p->basic.ops & HYBD_OPF_WRITE_ZEROES) ||
+	    t->bio.bytes > p->discard.max_write_zeroes_bytes)
+		return HYBD_BPF_PASS;
+	return HYBD_BPF_PASS_ZEROES;
+}
+
 /**
  * hybd_bpf_submit() - run the attached program's submit() on a request
  * @q: the request's queue
  * @t: the request's tag, with t->rq and t->bio set
  *
  * Context: queue_rq, under RCU.
- * Return: HYBD_BPF_PASS when the server must handle the request (also
- * when no program is attached), else a blk_status_t-worthy errno or 0
+ * Return: HYBD_BPF_PASS when the server must handle the request as it is
+ * (also when no program is attached), HYBD_BPF_PASS_ZEROES when it must
+ * get a write as a write-zeroes of the same range (only for a write, on a
+ * device that takes it), else a blk_status_t-worthy errno or 0
  * (HYBD_BPF_DONE): the caller ends the request.  A return value outside
  * the contract, and HYBD_BPF_DONE for a read whose payload the program did
  * not fill, are counted and become -EIO.
@@ -635,6 +657,8 @@ int hybd_bpf_submit(struct hybd_queue *q, struct hybd_tag *t)
 	}
 	if (ret == HYBD_BPF_PASS)
 		return ret;
+	if (ret == HYBD_BPF_PASS_ZEROES)
+		return hybd_bpf_pass_zeroes(q, t);
 	if (ret < 0 && ret >= -MAX_ERRNO)
 		return ret;
 	/* what the fast path did wrong fails the request with EIO */

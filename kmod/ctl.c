@@ -59,7 +59,7 @@ static long hybd_ctl_features(void __user *arg)
 		     HYBD_F_IO_TIMEOUT | HYBD_F_DEL_FORCE | HYBD_F_EVENTFD |
 		     HYBD_F_QUEUE_CPUS | HYBD_F_MEM_INFO;
 	if (hybd_bpf_ready)
-		f.features |= HYBD_F_BPF;
+		f.features |= HYBD_F_BPF | HYBD_F_PASS_ZEROES;
 	return hybd_copy_out(arg, &f, sizeof(f));
 }
 

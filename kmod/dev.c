@@ -592,6 +592,7 @@ void hybd_queue_stat_add(struct hybd_queue *q, struct hybd_queue_stat *dst)
 		s->bpf_bad_ret += qs->bpf_bad_ret;
 		s->timed_out += qs->timed_out;
 		s->bpf_unfilled += qs->bpf_unfilled;
+		s->bpf_pass_zeroes += qs->bpf_pass_zeroes;
 		for (i = 0; i < HYBD_LAT_BUCKETS; i++) {
 			dst->fast_lat[i] += qs->fast_lat[i];
 			dst->slow_lat[i] += qs->slow_lat[i];

@@ -57,7 +57,7 @@ struct hybd_queue_stats {
 	u64 reads, writes, flushes, fua, discards, write_zeroes;
 	u64 rej_bad_tag, rej_not_outstanding, rej_stale_seq;
 	u64 rej_bad_result, rej_ring_index;
-	u64 bpf_bad_ret, bpf_unfilled;
+	u64 bpf_bad_ret, bpf_unfilled, bpf_pass_zeroes;
 	u64 timed_out;
 	u64 fast_lat[HYBD_LAT_BUCKETS];
 	u64 slow_lat[HYBD_LAT_BUCKETS];

@@ -25,9 +25,10 @@ DEV_ID_ANY = 0xFFFFFFFF
 
 F_RINGS, F_POLL, F_SEQ_CHECK, F_BPF = 1, 2, 4, 8
 F_IO_TIMEOUT, F_DEL_FORCE = 16, 32
-F_EVENTFD, F_QUEUE_CPUS, F_MEM_INFO = 64, 128, 256
+F_EVENTFD, F_QUEUE_CPUS, F_MEM_INFO, F_PASS_ZEROES = 64, 128, 256, 512
 F_KNOWN = (F_RINGS | F_POLL | F_SEQ_CHECK | F_BPF | F_IO_TIMEOUT |
-           F_DEL_FORCE | F_EVENTFD | F_QUEUE_CPUS | F_MEM_INFO)
+           F_DEL_FORCE | F_EVENTFD | F_QUEUE_CPUS | F_MEM_INFO |
+           F_PASS_ZEROES)
 DEL_F_FORCE = 1
 
 OPF_READ, OPF_WRITE, OPF_FLUSH, OPF_FUA = 1, 2, 4, 8
@@ -66,7 +67,7 @@ STATS_FIELDS = (
     "failed_dead", "reads", "writes", "flushes", "fua", "discards",
     "write_zeroes", "rej_bad_tag", "rej_not_outstanding", "rej_stale_seq",
     "rej_bad_result", "rej_ring_index", "bpf_bad_ret", "timed_out",
-    "bpf_unfilled",
+    "bpf_unfilled", "bpf_pass_zeroes",
 )
 
 SIZES = {

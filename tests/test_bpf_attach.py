@@ -329,7 +329,7 @@ def test_zero_serves_never_written_blocks_and_forgets_written_ones(
 
 # ------------------------------------------------ contract breakers, errors
 
-GARBAGE = ("garbage", "garbage-two", "garbage-neg")     # 12345, 2, -4096
+GARBAGE = ("garbage", "garbage-three", "garbage-neg")   # 12345, 3, -4096
 
 
 def test_out_of_contract_return_fails_reads_with_eio_and_is_counted(

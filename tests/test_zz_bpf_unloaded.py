@@ -111,3 +111,5 @@ def test_module_without_btf_attach_says_so(ramdisk, reload_afterwards,
     assert e == 0, uapi.errname(e)
     assert not feats & uapi.F_BPF, (
         "a module without BTF has no fast path, yet it offers HYBD_F_BPF")
+    assert not feats & uapi.F_PASS_ZEROES, (
+        "a module without a fast path offers HYBD_F_PASS_ZEROES")

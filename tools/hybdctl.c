@@ -170,6 +170,7 @@ static const struct {
 	STAT(write_zeroes), STAT(rej_bad_tag), STAT(rej_not_outstanding),
 	STAT(rej_stale_seq), STAT(rej_bad_result), STAT(rej_ring_index),
 	STAT(bpf_bad_ret), STAT(timed_out), STAT(bpf_unfilled),
+	STAT(bpf_pass_zeroes),
 };
 
 static const struct {
@@ -185,6 +186,7 @@ static const struct {
 	{ HYBD_F_EVENTFD, "eventfd" },
 	{ HYBD_F_QUEUE_CPUS, "queue_cpus" },
 	{ HYBD_F_MEM_INFO, "mem_info" },
+	{ HYBD_F_PASS_ZEROES, "pass_zeroes" },
 };
 
 #define ARRAY_SIZE(a)	(sizeof(a) / sizeof((a)[0]))
@@ -2145,6 +2147,8 @@ static void stats_text(uint32_t id, const struct hybd_dev_info *info,
 	       (uint64_t)c->bpf_bad_ret);
 	printf("bpf_unfilled: %" PRIu64 " (reads the fast path completed without filling them, failed with EIO)\n",
 	       (uint64_t)c->bpf_unfilled);
+	printf("bpf_pass_zeroes: %" PRIu64 " (zero writes the fast path sent to the server as write-zeroes)\n",
+	       (uint64_t)c->bpf_pass_zeroes);
 	putchar('\n');
 	print_histogram("fast path", st->total.fast_lat);
 	print_histogram("slow path", st->total.slow_lat);

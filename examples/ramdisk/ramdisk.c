@@ -4,7 +4,8 @@
  *
  *   ramdisk [--size BYTES] [--queues N] [--depth N] [--max-io BYTES]
  *           [--lbs N] [--pbs N] [--poll-ns N] [--no-write-cache] [--id N]
- *           [--io-timeout SECONDS] [--bpf PROG.bpf.o]
+ *           [--io-timeout SECONDS] [--max-write-zeroes BYTES]
+ *           [--bpf PROG.bpf.o]
  *
  * It creates /dev/hybdN, prints "ready /dev/hybdN" once the disk exists and
  * serves it until SIGINT or SIGTERM.  Then it deletes the device (the
@@ -122,7 +123,8 @@ static uint64_t number(const char *opt, const char *arg, uint64_t max)
 static const char usage[] =
 	"usage: ramdisk [--size BYTES] [--queues N] [--depth N] [--max-io BYTES]\n"
 	"               [--lbs N] [--pbs N] [--poll-ns N] [--no-write-cache] [--id N]\n"
-	"               [--io-timeout SECONDS] [--bpf PROG.bpf.o]\n";
+	"               [--io-timeout SECONDS] [--max-write-zeroes BYTES]\n"
+	"               [--bpf PROG.bpf.o]\n";
 
 static const char *bpf_path;	/* --bpf */
 
@@ -139,6 +141,7 @@ static void parse_args(int argc, char **argv, struct hybd_config *cfg)
 		{ "no-write-cache", no_argument, NULL, 'W' },
 		{ "id", required_argument, NULL, 'i' },
 		{ "io-timeout", required_argument, NULL, 't' },
+		{ "max-write-zeroes", required_argument, NULL, 'z' },
 		{ "bpf", required_argument, NULL, 'b' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -157,6 +160,7 @@ static void parse_args(int argc, char **argv, struct hybd_config *cfg)
 		case 'P': cfg->poll_ns = number(name, optarg, UINT32_MAX); break;
 		case 'i': cfg->dev_id = number(name, optarg, INT32_MAX); break;
 		case 't': cfg->io_timeout = number(name, optarg, UINT32_MAX); break;
+		case 'z': cfg->max_write_zeroes_bytes = number(name, optarg, UINT32_MAX); break;
 		case 'b': bpf_path = optarg; break;
 		case 'W':
 			/* nothing cached: no flush, no FUA */

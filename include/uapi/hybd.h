@@ -82,6 +82,11 @@
 #define HYBD_F_QUEUE_CPUS	(1ULL << 7)
 /* hybd_dev_info.mem_bytes, and the HYBD_MAX_DEV_BUF limit */
 #define HYBD_F_MEM_INFO		(1ULL << 8)
+/*
+ * A fast path's submit() may return HYBD_BPF_PASS_ZEROES for a write
+ * (counted in bpf_pass_zeroes); offered with HYBD_F_BPF only.
+ */
+#define HYBD_F_PASS_ZEROES	(1ULL << 9)
 
 /*
  * Supported operations (hybd_param_basic.ops).  READ is mandatory; a
@@ -229,7 +234,9 @@ struct hybd_dev_stats {
 	__u64	bpf_bad_ret;	/* fast path returned outside the contract */
 	__u64	timed_out;	/* not completed within io_timeout: EIO */
 	__u64	bpf_unfilled;	/* fast path DONE, read not filled: EIO */
-	__u64	reserved[12];
+	/* writes the fast path sent to the server as write-zeroes */
+	__u64	bpf_pass_zeroes;
+	__u64	reserved[11];
 };
 
 /* HYBD_CTL_INFO */
@@ -532,9 +539,23 @@ struct hybd_srv_queue_cpus {
  * order), else the read fails with EIO and counts in bpf_unfilled; for a
  * write, flush, discard or write-zeroes, DONE means the server never
  * stores, flushes or discards anything: the program has taken that on.
+ *
+ * HYBD_BPF_PASS_ZEROES (HYBD_F_PASS_ZEROES) is for a write only: the
+ * program has checked that the payload is all zero
+ * (hybd_bpf_io_is_zero()); the server gets the request as
+ * HYBD_OP_WRITE_ZEROES of the same range and flags (FUA included), and
+ * the payload is not copied to it.  The program takes responsibility for
+ * the payload being zero, as it does for DONE.  On a device that does not
+ * offer write-zeroes (HYBD_OPF_WRITE_ZEROES not in its ops), or for a
+ * write longer than its max_write_zeroes_bytes, it is the same as
+ * HYBD_BPF_PASS (the write goes as it is).  For any other operation it is
+ * outside the contract: counted in bpf_bad_ret and the request fails with
+ * EIO.  complete() still sees io->op == HYBD_OP_WRITE (the program's view
+ * of a request never changes), with the server's result.
  */
-#define HYBD_BPF_DONE	0	/* completed in the kernel, success */
-#define HYBD_BPF_PASS	1	/* goes to the user-space server */
+#define HYBD_BPF_DONE		0	/* completed in the kernel, success */
+#define HYBD_BPF_PASS		1	/* goes to the user-space server */
+#define HYBD_BPF_PASS_ZEROES	2	/* a zero write: goes as write-zeroes */
 
 /*
  * The request as a program sees it.  Read-only but for scratch, which
@@ -578,8 +599,9 @@ struct hybd_bpf_ops {
 	 *
 	 * Context: queue_rq, under RCU; must not sleep.
 	 *
-	 * Return: HYBD_BPF_DONE (see above), HYBD_BPF_PASS, or -errno to
-	 * fail the request; anything else fails it with EIO and counts in
+	 * Return: HYBD_BPF_DONE (see above), HYBD_BPF_PASS,
+	 * HYBD_BPF_PASS_ZEROES for a write (see above), or -errno to fail
+	 * the request; anything else fails it with EIO and counts in
 	 * bpf_bad_ret.
 	 */
 	int	(*submit)(struct hybd_bpf_io *io);

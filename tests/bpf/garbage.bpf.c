@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
  * garbage: submit() returns GARBAGE_RET for reads, a value outside the
- * contract (neither DONE, PASS nor -1..-4095), and passes everything
- * else.  The kernel must count it in bpf_bad_ret and fail the read with
+ * contract (neither DONE, PASS, PASS_ZEROES nor -1..-4095), and passes
+ * everything else.  The kernel must count it in bpf_bad_ret and fail the read with
  * EIO, and writes must keep working.
  */
 #include "hybd.bpf.h"
