@@ -23,15 +23,6 @@
 
 char LICENSE[] SEC("license") = "GPL";
 
-/*
- * submit(): the write goes to the server as a write-zeroes, without its
- * payload.  uapi/hybd.h defines it from hybd 1.4 on; an older module
- * fails such a write with EIO (and counts it in bpf_bad_ret).
- */
-#ifndef HYBD_BPF_PASS_ZEROES
-#define HYBD_BPF_PASS_ZEROES	2
-#endif
-
 #define DEDUP_MAX_BLOCKS	32	/* 128 KiB: the largest read served */
 #define DEDUP_INVAL_MAX		256	/* 1 MiB: slots a write drops at most */
 

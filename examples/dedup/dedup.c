@@ -47,10 +47,6 @@
 #define STATS_PERIOD_MS		100
 #define ZERO_MAP		"dedup_zero"
 
-#ifndef HYBD_F_PASS_ZEROES
-#define HYBD_F_PASS_ZEROES	(1ULL << 9)
-#endif
-
 /* What a server publishes for `dedup status` (a shared mapping). */
 struct live_stats {
 	uint32_t magic;

@@ -22,7 +22,8 @@
  *
  * By default the file is opened O_DIRECT, so the page cache is not used
  * twice (a file system on /dev/hybdN has its own); --buffered does not.
- * Flush is fdatasync(); a FUA write is written with RWF_DSYNC; discard
+ * Flush is fdatasync(); a FUA write is written with RWF_DSYNC (a FUA
+ * write-zeroes is followed by fdatasync()); discard
  * punches a hole; write-zeroes punches one too, or zeroes the range in
  * place (keeping it allocated) when the request says NOUNMAP.
  */
@@ -163,10 +164,20 @@ static int loop_discard(struct hybd_io *io, uint64_t offset, uint32_t len)
 static int loop_write_zeroes(struct hybd_io *io, uint64_t offset,
 			     uint32_t len)
 {
-	if (hybd_io_flags(io) & HYBD_IO_F_NOUNMAP)
-		return loop_fallocate(io, FALLOC_FL_ZERO_RANGE |
-				      FALLOC_FL_KEEP_SIZE, offset, len);
-	return loop_discard(io, offset, len);
+	int mode = FALLOC_FL_KEEP_SIZE |
+		   (hybd_io_flags(io) & HYBD_IO_F_NOUNMAP ?
+		    FALLOC_FL_ZERO_RANGE : FALLOC_FL_PUNCH_HOLE);
+	struct loop *lo = hybd_io_priv(io);
+
+	/*
+	 * With FUA (a zero write that a fast path passed as a write-zeroes,
+	 * HYBD_BPF_PASS_ZEROES) it must be durable when it completes: rare
+	 * enough to be done here, synchronously.
+	 */
+	if (hybd_io_flags(io) & HYBD_IO_F_FUA)
+		return fallocate(lo->fd, mode, offset, len) ||
+		       fdatasync(lo->fd) ? -errno : 0;
+	return loop_fallocate(io, mode, offset, len);
 }
 
 /* The ring has completions: finish their requests (batched by libhybd). */
