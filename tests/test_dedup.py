@@ -377,9 +377,10 @@ def test_dedup_sigkill_keeps_flushed_data_and_never_returns_garbage(
         srv = dedup.serve(store)
         direct_write(srv.dev, REGION, a)
         flush(srv.dev)
-        # B: unflushed O_DIRECT writes, 16 KiB at a time, killed under way
+        # B: unflushed O_DIRECT writes, a block at a time (slow enough
+        # that most kills land while it runs), killed under way
         writer = subprocess.Popen(
-            [dd, f"if={bfile}", f"of={srv.dev}", "bs=16k", "iflag=fullblock",
+            [dd, f"if={bfile}", f"of={srv.dev}", "bs=4k", "iflag=fullblock",
              "oflag=direct,seek_bytes", f"seek={REGION + B_START}",
              "conv=notrunc"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
