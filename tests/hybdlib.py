@@ -26,6 +26,8 @@ REPO = Path(__file__).resolve().parent.parent
 HYBDCTL = REPO / "tools" / "hybdctl"
 RAMDISK = REPO / "examples" / "ramdisk" / "ramdisk"
 BADSERVER = REPO / "tests" / "helpers" / "badserver"
+DEDUP = REPO / "examples" / "dedup" / "dedup"
+LOOP = REPO / "examples" / "loop" / "hybd-loop"
 CONTROL = "/dev/hybd-control"
 KMOD = os.environ.get("HYBD_KMOD", str(REPO / "kmod" / "hybd.ko"))
 

@@ -27,11 +27,11 @@ import time
 from pathlib import Path
 
 import hybd_uapi as uapi
-from hybdlib import BADSERVER, CONTROL, RAMDISK
+from hybdlib import BADSERVER, CONTROL, DEDUP, LOOP, RAMDISK
 
 PIN_ROOT = Path("/sys/fs/bpf/hybd")
 MODULE = Path("/sys/module/hybd")
-SERVERS = {os.path.realpath(RAMDISK), os.path.realpath(BADSERVER)}
+SERVERS = {os.path.realpath(p) for p in (RAMDISK, BADSERVER, DEDUP, LOOP)}
 
 # include/uapi/linux/bpf.h
 NR_BPF = 321                        # x86-64

@@ -259,6 +259,8 @@ fail:
 static void publish(struct server *sv)
 {
 	struct live_stats *l = sv->live;
+	/* taken first: what completed before this instant is in the copy */
+	uint64_t when = now_ns();
 	struct dd_stats st;
 
 	dd_stats(sv->s, &st);
@@ -268,7 +270,7 @@ static void publish(struct server *sv)
 	l->slow_writes = atomic_load(&sv->slow_writes);
 	l->flushes = atomic_load(&sv->flushes);
 	l->errors = atomic_load(&sv->errors);
-	l->updated_ns = now_ns();
+	l->updated_ns = when;
 	atomic_fetch_add(&l->seq, 1);
 }
 
@@ -547,7 +549,7 @@ struct status {
 static int live_read(uint32_t id, struct status *out)
 {
 	char path[64];
-	struct live_stats *l, copy;
+	struct live_stats *l, copy = { 0 };
 	uint64_t since = now_ns(), seq;
 	int fd, tries;
 
@@ -573,7 +575,7 @@ static int live_read(uint32_t id, struct status *out)
 		return -1;
 	}
 	/* a snapshot taken after we asked: what we wrote before is in it */
-	for (tries = 0; tries < 100; tries++) {
+	for (tries = 0; tries < 200; tries++) {
 		seq = atomic_load(&l->seq);
 		if (!(seq & 1)) {
 			memcpy(&copy, l, sizeof(copy));
@@ -583,6 +585,11 @@ static int live_read(uint32_t id, struct status *out)
 		usleep(STATS_PERIOD_MS * 1000 / 4);
 	}
 	munmap(l, sizeof(*l));
+	if (tries == 200) {
+		fprintf(stderr, "dedup status: hybd%u: its server (pid %d) published nothing for 5 s\n",
+			id, copy.pid);
+		return -1;
+	}
 	out->source = "server";
 	snprintf(out->store, sizeof(out->store), "%s", copy.store);
 	out->dev_id = id;

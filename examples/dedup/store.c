@@ -128,6 +128,11 @@ struct dd_store {
 			 zero_writes;
 	/* dd_check(): map entries dd_open() found out of range */
 	uint64_t bad_entries;
+	/* contents stored twice (a cut-short commit): read-only, counted;
+	 * else merged at open, dup_of[c] = the chunk kept
+	 */
+	uint64_t duplicates, merged;
+	uint32_t *dup_of;
 };
 
 static __thread char errbuf[512];
@@ -745,16 +750,18 @@ static int read_super(struct dd_store *s, const char *path, uint64_t size)
 	struct geometry g;
 	int ret;
 
-	if (size < DD_BLOCK_SIZE)
-		return fail(-EUCLEAN, "%s: truncated: %" PRIu64
-			    " bytes, not even a superblock", path, size);
-	ret = pread_full(s->fd, &sb, sizeof(sb), 0);
+	memset(&sb, 0, sizeof(sb));
+	ret = pread_full(s->fd, &sb, size < sizeof(sb) ? size : sizeof(sb), 0);
 	if (ret)
 		return fail(ret, "%s: reading the superblock: %s", path,
 			    strerror(-ret));
+	/* what does not start like a store is not one, whatever its size */
 	if (memcmp(sb.magic, DD_MAGIC, sizeof(sb.magic)))
 		return fail(-EINVAL, "%s: not a dedup store (no %s magic): run 'dedup format'",
 			    path, DD_MAGIC);
+	if (size < DD_BLOCK_SIZE)
+		return fail(-EUCLEAN, "%s: truncated: %" PRIu64
+			    " bytes, not even a superblock", path, size);
 	if (le32toh(sb.crc) != super_crc(&sb))
 		return fail(-EUCLEAN, "%s: the superblock is corrupt (checksum mismatch)",
 			    path);
@@ -859,6 +866,34 @@ static int load_map(struct dd_store *s, const char *path, uint64_t size,
 	return ret;
 }
 
+/*
+ * A commit that a crash cut short can leave the same content in two
+ * chunks: a block in a map page that reached the disk points to the
+ * chunk a block in a page that did not still points to.  Both are
+ * durable and correct; keep one.  Every map entry of a duplicate moves to
+ * its twin (the pages are written by the next commit), and the duplicate
+ * waits, like any freed chunk, for that commit before it is reused.
+ */
+static void merge_duplicates(struct dd_store *s)
+{
+	uint64_t blk, page;
+	uint32_t c, o;
+
+	for (blk = 0; blk < s->nr_blocks; blk++) {
+		c = s->map[blk];
+		o = c ? s->dup_of[c] : 0;
+		if (!o)
+			continue;
+		s->map[blk] = o;
+		s->ref[o]++;
+		page = blk / MAP_PER_PAGE;
+		s->dirty[page / 64] |= 1ULL << (page % 64);
+		if (!--s->ref[c])
+			s->pending[s->cur][s->nr_pending[s->cur]++] = c;
+		s->merged++;
+	}
+}
+
 static int load_chunks(struct dd_store *s, const char *path)
 {
 	uint8_t (*piece)[DD_HASH_SIZE] = malloc(IO_PIECE);
@@ -886,16 +921,37 @@ static int load_chunks(struct dd_store *s, const char *path)
 		}
 		if (s->ref[c]) {
 			uint64_t b = hash_key(piece[i]) & s->bucket_mask;
+			uint32_t o;
 
 			memcpy(s->hash[c], piece[i], DD_HASH_SIZE);
+			for (o = s->bucket[b]; o; o = s->next[o])
+				if (!memcmp(s->hash[o], piece[i], DD_HASH_SIZE))
+					break;
+			if (o && !(s->flags & DD_O_RDONLY)) {
+				/* merged into chunk o below */
+				if (!s->dup_of) {
+					s->dup_of = calloc(s->nr_chunks + 1,
+							   sizeof(*s->dup_of));
+					if (!s->dup_of) {
+						ret = fail(-ENOMEM, "out of memory");
+						break;
+					}
+				}
+				s->dup_of[c] = o;
+				continue;
+			}
+			if (o)
+				s->duplicates++;
 			s->next[c] = s->bucket[b];
 			s->bucket[b] = c;
 			s->chunks_used++;
 		}
 	}
-	/* free ids, lowest on top */
+	if (!ret && s->dup_of)
+		merge_duplicates(s);
+	/* free ids, lowest on top (merged duplicates wait in pending) */
 	for (c = s->next_new - 1; c >= 1; c--)
-		if (!s->ref[c])
+		if (!s->ref[c] && !(s->dup_of && s->dup_of[c]))
 			s->free_stack[s->nr_free++] = c;
 	free(piece);
 	return ret;
@@ -988,6 +1044,7 @@ void dd_close(struct dd_store *s)
 	free(s->free_stack);
 	free(s->pending[0]);
 	free(s->pending[1]);
+	free(s->dup_of);
 	free(s);
 }
 
@@ -1017,8 +1074,7 @@ long dd_check(struct dd_store *s, FILE *out)
 {
 	uint8_t *buf = malloc(DD_BLOCK_SIZE), h[DD_HASH_SIZE];
 	long problems = 0;
-	uint64_t c, b, refs = 0;
-	uint32_t o;
+	uint64_t c, refs = 0;
 	int ret;
 
 	if (!buf)
@@ -1053,17 +1109,16 @@ long dd_check(struct dd_store *s, FILE *out)
 				c);
 			problems++;
 		}
-		/* the same content twice: one copy would have been found */
-		b = hash_key(s->hash[c]) & s->bucket_mask;
-		for (o = s->bucket[b]; o; o = s->next[o])
-			if (o < c && !memcmp(s->hash[o], s->hash[c],
-					     DD_HASH_SIZE)) {
-				fprintf(out, "chunks %u and %" PRIu64 ": the same content stored twice\n",
-					o, c);
-				problems++;
-				break;
-			}
+
 	}
+	/*
+	 * The same content in two chunks is no damage: a commit cut short
+	 * by a crash leaves it (see merge_duplicates()), and the next
+	 * server merges them.
+	 */
+	if (s->duplicates)
+		fprintf(out, "note: %" PRIu64 " content%s stored twice (a commit cut short by a crash); 'dedup serve' merges them\n",
+			s->duplicates, s->duplicates == 1 ? "" : "s");
 	if (refs != s->mapped_blocks) {
 		fprintf(out, "reference counts: %" PRIu64 " references for %" PRIu64
 			" mapped blocks\n", refs, (uint64_t)s->mapped_blocks);

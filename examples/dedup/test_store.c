@@ -521,6 +521,56 @@ static void test_power_loss(void)
 	munmap(pl, sizeof(*pl));
 }
 
+static void patch(off_t off, const void *bytes, size_t len);
+
+/*
+ * A commit cut short between its map pages: content P moved from block
+ * 1024 (map page 1, not written) to block 0 (page 0, written), so the
+ * durable map has P in two chunks.  check calls it a note, not damage;
+ * the next open merges the two, and its commit makes that durable.
+ */
+static void test_torn_duplicate(void)
+{
+	char buf[DD_BLOCK_SIZE], got[DD_BLOCK_SIZE], page1[DD_BLOCK_SIZE];
+	struct dd_store *s = fresh(4096);
+	struct dd_stats st;
+	const off_t page1_off = 4096 + 4096;	/* map_off + one page */
+	int fd;
+
+	pattern(buf, 1);
+	OK(dd_write(s, 1024, buf));
+	OK(dd_commit(s));
+	fd = open(path, O_RDONLY);
+	CHECK(pread(fd, page1, sizeof(page1), page1_off) == sizeof(page1),
+	      "read map page 1");
+	close(fd);
+	pattern(buf, 2);
+	OK(dd_write(s, 1024, buf));
+	pattern(buf, 1);
+	OK(dd_write(s, 0, buf));
+	OK(dd_commit(s));
+	dd_close(s);
+	patch(page1_off, page1, sizeof(page1));
+
+	CHECK(check_clean() == 0, "a cut-short commit is not damage");
+	OK(dd_open(path, 0, &s));
+	dd_stats(s, &st);
+	CHECK(st.chunks_used == 1 && st.chunks_pending == 1,
+	      "merged: used %" PRIu64 " pending %" PRIu64, st.chunks_used,
+	      st.chunks_pending);
+	OK(dd_read(s, 0, got));
+	CHECK(!memcmp(buf, got, sizeof(buf)), "block 0");
+	OK(dd_read(s, 1024, got));
+	CHECK(!memcmp(buf, got, sizeof(buf)), "block 1024");
+	OK(dd_commit(s));
+	dd_close(s);
+	OK(dd_open(path, DD_O_RDONLY, &s));
+	dd_stats(s, &st);
+	CHECK(st.chunks_used == 1, "one chunk after the merge's commit");
+	dd_close(s);
+	printf("ok torn duplicate\n");
+}
+
 static void patch(off_t off, const void *bytes, size_t len)
 {
 	int fd = open(path, O_RDWR);
@@ -602,6 +652,12 @@ static void test_damage(void)
 	/* format refuses a store without --force */
 	CHECK(dd_format(path, 1 << 20, 0) == -EEXIST, "format over a store");
 	OK(dd_format(path, 1 << 20, DD_F_FORCE));
+
+	/* a short file that is no store is not called a truncated one */
+	CHECK(truncate(path, 0) == 0, "truncate");
+	patch(0, "hello\n", 6);
+	expect_open_fails(-EINVAL, "not a dedup store");
+
 	printf("ok damage\n");
 }
 
@@ -615,6 +671,7 @@ static const struct {
 	{ "kill", test_kill },
 	{ "power_loss", test_power_loss },
 	{ "damage", test_damage },
+	{ "torn_duplicate", test_torn_duplicate },
 };
 
 /* test_store [NAME...]: the tests named, or all of them */

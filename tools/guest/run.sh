@@ -76,7 +76,7 @@ run_tests() {
 final_checks() {
 	local left out i lost
 
-	left=$(pgrep -a -f 'examples/ramdisk/ramdisk|tests/helpers/badserver' || true)
+	left=$(pgrep -a -f 'examples/ramdisk/ramdisk|examples/loop/hybd-loop|examples/dedup/dedup serve|tests/helpers/badserver' || true)
 	[ -z "$left" ] || say "warning: servers still running after the run:"$'\n'"$left"
 	if [ -x "$REPO/tools/hybdctl" ] && [ -e /dev/hybd-control ]; then
 		out=$(timeout 30 "$REPO/tools/hybdctl" list --json 2>&1)
