@@ -277,7 +277,12 @@ static blk_status_t hybd_queue_rq(struct blk_mq_hw_ctx *hctx,
 	 * Everything else (t->bio for complete(), the per-kind counters,
 	 * the completion, which looks at req_op()) sees the write it is.
 	 */
-	srv_op = ret == HYBD_BPF_PASS_ZEROES ? HYBD_OP_WRITE_ZEROES : op;
+	srv_op = op;
+	if (ret == HYBD_BPF_PASS_ZEROES) {
+		/* a write of zeros provisions what it writes: keep it so */
+		srv_op = HYBD_OP_WRITE_ZEROES;
+		flags |= HYBD_IO_F_NOUNMAP;
+	}
 
 	/* the tag's buffer is ours until the request completes */
 	if (srv_op == HYBD_OP_WRITE)

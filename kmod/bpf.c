@@ -603,7 +603,8 @@ void hybd_bpf_fill_info(struct hybd_dev *dev, struct hybd_dev_info *info)
 
 /*
  * The program returned HYBD_BPF_PASS_ZEROES: a write goes to the server as
- * a write-zeroes if the device takes one that long, else as it is; any
+ * a write-zeroes if the server asked for that (HYBD_DEV_F_ZERO_WRITES,
+ * which needs write-zeroes) and takes one that long, else as it is; any
  * other request is outside the contract.
  */
 static int hybd_bpf_pass_zeroes(struct hybd_queue *q, struct hybd_tag *t)
@@ -614,7 +615,7 @@ static int hybd_bpf_pass_zeroes(struct hybd_queue *q, struct hybd_tag *t)
 		hybd_stat_inc(q, bpf_bad_ret);
 		return -EIO;
 	}
-	if (!(p->basic.ops & HYBD_OPF_WRITE_ZEROES) ||
+	if (!(p->basic.flags & HYBD_DEV_F_ZERO_WRITES) ||
 	    t->bio.bytes > p->discard.max_write_zeroes_bytes)
 		return HYBD_BPF_PASS;
 	return HYBD_BPF_PASS_ZEROES;

@@ -129,6 +129,10 @@ int hybd_params_check(struct hybd_params *p, u32 *err_param)
 	if ((b->flags & HYBD_DEV_F_WRITE_CACHE) &&
 	    !(b->ops & HYBD_OPF_FLUSH))
 		return PERR(HYBD_PERR_FLAGS, -EINVAL);
+	/* zero writes come as write-zeroes: the server must take those */
+	if ((b->flags & HYBD_DEV_F_ZERO_WRITES) &&
+	    !(b->ops & HYBD_OPF_WRITE_ZEROES))
+		return PERR(HYBD_PERR_FLAGS, -EINVAL);
 	if (b->poll_ns > HYBD_MAX_POLL_NS)
 		return PERR(HYBD_PERR_POLL, -ERANGE);
 	if (b->io_timeout > HYBD_MAX_IO_TIMEOUT)

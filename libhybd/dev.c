@@ -675,8 +675,10 @@ int hybd_run_sized(const struct hybd_config *cfg, size_t cfg_size,
 	ret = hybd_dev_create_sized(cfg, cfg_size, drv, drv_size, priv, &dev);
 	if (ret)
 		goto out;
-	if (drv_size > offsetof(struct hybd_driver, prepare) && drv->prepare) {
-		ret = drv->prepare(dev);
+	if (dev->drv.prepare) {
+		ret = dev->drv.prepare(dev);
+		if (ret > 0)
+			ret = -EINVAL;
 		if (ret)
 			hybd__err(ret, "the driver's prepare hook failed: %s",
 				  strerror(-ret));

@@ -74,6 +74,11 @@ static int flags_errmsg(char *buf, size_t size,
 				"device flags 0x%x: unknown bits 0x%x (known: 0x%x)",
 				b->flags, b->flags & ~HYBD_DEV_F_ALL,
 				HYBD_DEV_F_ALL);
+	if ((b->flags & HYBD_DEV_F_ZERO_WRITES) &&
+	    !(b->ops & HYBD_OPF_WRITE_ZEROES))
+		return snprintf(buf, size,
+				"device flags 0x%x: zero writes as write-zeroes need the write-zeroes operation",
+				b->flags);
 	if ((b->flags & HYBD_DEV_F_WRITE_CACHE) &&
 	    !(b->ops & HYBD_OPF_FLUSH))
 		return snprintf(buf, size,

@@ -216,8 +216,12 @@ struct hybd_driver {
 	 * prepare - hybd_run() only: called once the device is added (its
 	 * id is known: hybd_dev_id()) and before hybd_dev_start(), so that
 	 * no request can arrive yet: the place to attach a fast path and
-	 * seed its maps from the driver's own state.  A negative errno
-	 * ends hybd_run() with it (the device is deleted).
+	 * seed its maps from the driver's own state.  It runs in the
+	 * thread that called hybd_run(), with SIGINT and SIGTERM blocked,
+	 * before any worker exists (so before queue_init).  A negative
+	 * errno (a positive value is -EINVAL) ends hybd_run() with it and
+	 * the device is deleted; hybd_errmsg() then names the hook, so
+	 * report the details from the hook itself.
 	 */
 	int (*prepare)(struct hybd_dev *dev);
 };

@@ -43,7 +43,7 @@ def with_blocks(data, first, new):
 
 def test_zero_writes_reach_the_server_as_write_zeroes_others_as_writes(
         ramdisk, fastpath):
-    srv = ramdisk(size="16M", queues=1, max_io="128K")
+    srv = ramdisk(size="16M", queues=1, max_io="128K", zero_writes=True)
     settle()
     assert sysfs_queue(srv.dev, "fua") == "1"
     old = pattern("pass-zeroes-old", 8 * BLOCK)
@@ -109,9 +109,22 @@ def test_pass_zeroes_without_write_zeroes_is_a_plain_pass(servers, fastpath):
     goes_as_write(srv, fastpath, 1)
 
 
+def test_pass_zeroes_without_the_servers_opt_in_is_a_plain_pass(
+        ramdisk, fastpath):
+    # write-zeroes offered, HYBD_DEV_F_ZERO_WRITES not asked for: a
+    # server never gets a write-zeroes for a write it did not agree to
+    srv = ramdisk(size="16M", queues=1)
+    settle()
+    goes_as_write(srv, fastpath, 1)
+    detach_ok(srv.dev)
+    served = srv.stop()
+    assert served["write_zeroes"] == 0, served
+
+
 def test_pass_zeroes_past_max_write_zeroes_bytes_is_a_plain_pass(
         ramdisk, fastpath):
-    srv = ramdisk(size="16M", queues=1, max_write_zeroes=BLOCK)
+    srv = ramdisk(size="16M", queues=1, max_write_zeroes=BLOCK,
+                  zero_writes=True)
     settle()
     assert sysfs_queue(srv.dev, "write_zeroes_max_bytes") == str(BLOCK)
     goes_as_write(srv, fastpath, 2)
@@ -126,7 +139,7 @@ def test_pass_zeroes_past_max_write_zeroes_bytes_is_a_plain_pass(
 
 def test_pass_zeroes_for_a_read_fails_it_with_eio_and_is_counted(
         ramdisk, fastpath):
-    srv = ramdisk(size="16M", queues=1)
+    srv = ramdisk(size="16M", queues=1, zero_writes=True)
     settle()
     old = pattern("pass-zeroes-read", 2 * BLOCK)
     direct_write(srv.dev, 0, old)

@@ -208,11 +208,17 @@ def dedup(servers, tmp_path, fast_path):
     if fast_path == "on" and not DEDUP_BPF.is_file():
         pytest.fail(f"{DEDUP_BPF} not built; run make -C examples/dedup",
                     pytrace=False)
-    # the stores live in tmp_path; the largest a test makes is ~130 MiB
+    # the stores live in tmp_path (the guest's tmpfs, memory): the largest
+    # a test makes is ~130 MiB, and each goes when its test ends
     st = os.statvfs(tmp_path)
     free = st.f_bavail * st.f_frsize
-    assert free >= 512 * MiB, f"{tmp_path}: only {free >> 20} MiB free"
-    return Dedup(servers, tmp_path, fast_path)
+    assert free >= 256 * MiB, f"{tmp_path}: only {free >> 20} MiB free"
+    yield Dedup(servers, tmp_path, fast_path)
+    for f in tmp_path.iterdir():
+        if f.is_dir() and not os.path.ismount(f):
+            shutil.rmtree(f, ignore_errors=True)
+        elif f.is_file():
+            f.unlink()
 
 
 # ---------------------------------------------------------------- integrity

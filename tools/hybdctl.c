@@ -523,8 +523,10 @@ static void info_json(uint32_t id, const struct hybd_dev_info *info)
 	       (uint64_t)b->dev_size, b->logical_bs, b->physical_bs,
 	       b->nr_hw_queues, b->queue_depth, b->max_io_bytes);
 	print_ops_json(b->ops);
-	printf(",\"write_cache\":%s,\"poll_ns\":%u,\"io_timeout\":%u,",
+	printf(",\"write_cache\":%s,\"zero_writes\":%s,\"poll_ns\":%u,"
+	       "\"io_timeout\":%u,",
 	       b->flags & HYBD_DEV_F_WRITE_CACHE ? "true" : "false",
+	       b->flags & HYBD_DEV_F_ZERO_WRITES ? "true" : "false",
 	       b->poll_ns, b->io_timeout);
 	printf("\"max_discard_bytes\":%u,\"discard_granularity\":%u,"
 	       "\"max_write_zeroes_bytes\":%u,", d->max_discard_bytes,
@@ -567,6 +569,9 @@ static void info_text(uint32_t id, const struct hybd_dev_info *info)
 	printf("%-24s %s\n", "ops", buf);
 	printf("%-24s %s\n", "write_cache",
 	       b->flags & HYBD_DEV_F_WRITE_CACHE ? "on" : "off");
+	if (b->flags & HYBD_DEV_F_ZERO_WRITES)
+		printf("%-24s %s\n", "zero_writes",
+		       "on (zero writes may come as write-zeroes)");
 	printf("%-24s %u\n", "poll_ns", b->poll_ns);
 	if (b->io_timeout)
 		printf("%-24s %u s\n", "io_timeout", b->io_timeout);

@@ -68,8 +68,9 @@ struct server {
 	const char *bpf_path;
 	bool bpf_required;		/* --bpf given: failing is fatal */
 	struct hybd_bpf *bpf;
+	pthread_mutex_t bpf_lock;	/* detaching it on a failed update */
 	int zero_fd;
-	uint32_t zero_entries;
+	_Atomic uint32_t zero_entries;	/* 0: dedup_zero is not kept */
 	struct live_stats *live;
 	char live_path[64];
 	pthread_t stats_thread;
@@ -150,7 +151,11 @@ static int dedup_flush(struct hybd_io *io)
 	return commit(hybd_io_priv(io));
 }
 
-/* discard and write-zeroes: holes; an all-zero write the fast path saw */
+/*
+ * discard and write-zeroes: holes; also an all-zero write the fast path
+ * passed as a write-zeroes (with NOUNMAP: a hole is as provisioned as a
+ * dedup block gets, it costs no space either way).
+ */
 static int dedup_hole(struct hybd_io *io, uint64_t off, uint32_t len)
 {
 	struct server *sv = hybd_io_priv(io);
@@ -160,7 +165,8 @@ static int dedup_hole(struct hybd_io *io, uint64_t off, uint32_t len)
 	ret = dd_write_hole(sv->s, off >> DD_BLOCK_SHIFT,
 			    len >> DD_BLOCK_SHIFT);
 	if (ret) {
-		report(sv, "discard", ret);
+		report(sv, hybd_io_op(io) == HYBD_OP_DISCARD ? "discard" :
+		       "write-zeroes", ret);
 		return ret;
 	}
 	return hybd_io_flags(io) & HYBD_IO_F_FUA ? commit(sv) : 0;
@@ -173,21 +179,28 @@ static void zero_changed(void *arg, uint64_t blk, bool zero)
 {
 	struct server *sv = arg;
 	uint32_t key = blk, val = zero;
+	int err;
 
-	if (blk >= sv->zero_entries)
+	if (blk >= atomic_load(&sv->zero_entries))
 		return;
-	if (bpf_map_update_elem(sv->zero_fd, &key, &val, BPF_ANY)) {
-		/*
-		 * The kernel refused an array update (it cannot, short of
-		 * a bug): the fast path must not serve that block as a hole
-		 * any longer, so stop its knowing of holes altogether.
-		 */
-		fprintf(stderr, "dedup: updating %s[%u]: %s; the fast path stops serving holes\n",
-			ZERO_MAP, key, strerror(errno));
-		sv->zero_entries = 0;
-		val = 0;
-		hybd_bpf_map_fill(sv->zero_fd, 0, 1, &val);
+	if (!bpf_map_update_elem(sv->zero_fd, &key, &val, BPF_ANY))
+		return;
+	/*
+	 * The kernel refused an array update (it cannot, short of a bug):
+	 * the map no longer follows the store, so the program must go.  It
+	 * is gone before this returns, and so before the request that
+	 * changed the block completes.
+	 */
+	err = errno;
+	pthread_mutex_lock(&sv->bpf_lock);
+	if (sv->bpf) {
+		fprintf(stderr, "dedup: updating %s[%u]: %s; detaching the fast path\n",
+			ZERO_MAP, key, strerror(err));
+		atomic_store(&sv->zero_entries, 0);
+		hybd_bpf_detach(sv->bpf);
+		sv->bpf = NULL;
 	}
+	pthread_mutex_unlock(&sv->bpf_lock);
 }
 
 static uint32_t map_entries(int fd)
@@ -206,14 +219,9 @@ static uint32_t map_entries(int fd)
 static int attach_fast_path(struct server *sv, struct hybd_dev *dev)
 {
 	uint64_t blk, first, n = dd_nr_blocks(sv->s);
-	struct hybd_ctl_features f;
 	const uint32_t one = 1;
 	int ret;
 
-	if (hybd_ctl_features(&f) || !(f.features & HYBD_F_PASS_ZEROES)) {
-		fprintf(stderr, "dedup: the hybd module cannot pass zero writes without their payload (pass_zeroes): no fast path\n");
-		return -EOPNOTSUPP;
-	}
 	ret = hybd_bpf_attach(hybd_dev_id(dev), sv->bpf_path, HYBD_BPF_F_PIN,
 			      &sv->bpf);
 	if (ret) {
@@ -227,7 +235,7 @@ static int attach_fast_path(struct server *sv, struct hybd_dev *dev)
 		ret = -ENOENT;
 		goto fail;
 	}
-	sv->zero_entries = map_entries(sv->zero_fd);
+	atomic_store(&sv->zero_entries, map_entries(sv->zero_fd));
 	if (n > sv->zero_entries)
 		n = sv->zero_entries;
 	for (blk = 0; blk < n; blk = first) {
@@ -290,12 +298,16 @@ static int live_open(struct server *sv, struct hybd_dev *dev)
 {
 	int fd;
 
+	char tmp[sizeof(sv->live_path) + 8];
+
 	snprintf(sv->live_path, sizeof(sv->live_path), RUN_DIR "/hybd%d.stats",
 		 hybd_dev_id(dev));
+	/* filled under another name: a reader never maps a short file */
+	snprintf(tmp, sizeof(tmp), "%s.new", sv->live_path);
 	mkdir(RUN_DIR, 0755);
-	fd = open(sv->live_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 	if (fd < 0 || ftruncate(fd, sizeof(*sv->live))) {
-		fprintf(stderr, "dedup: %s: %s (no status)\n", sv->live_path,
+		fprintf(stderr, "dedup: %s: %s (no status)\n", tmp,
 			strerror(errno));
 		if (fd >= 0)
 			close(fd);
@@ -317,7 +329,12 @@ static int live_open(struct server *sv, struct hybd_dev *dev)
 			 sv->store_path);
 	publish(sv);
 	sv->live->magic = STATS_MAGIC;
-	if (pthread_create(&sv->stats_thread, NULL, stats_loop, sv)) {
+	if (rename(tmp, sv->live_path) ||
+	    pthread_create(&sv->stats_thread, NULL, stats_loop, sv)) {
+		fprintf(stderr, "dedup: %s: %s (no status)\n", sv->live_path,
+			strerror(errno));
+		unlink(tmp);
+		unlink(sv->live_path);
 		munmap(sv->live, sizeof(*sv->live));
 		sv->live = NULL;
 	}
@@ -414,7 +431,8 @@ static int cmd_serve(int argc, char **argv)
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
-	struct server sv = { .zero_fd = -1 };
+	struct server sv = { .zero_fd = -1,
+			     .bpf_lock = PTHREAD_MUTEX_INITIALIZER };
 	struct hybd_config cfg;
 	bool fast = true;
 	int c, i = 0, ret;
@@ -453,6 +471,19 @@ static int cmd_serve(int argc, char **argv)
 	}
 	if (!fast)
 		sv.bpf_path = NULL;
+	if (sv.bpf_path) {
+		struct hybd_ctl_features f;
+
+		/* the program passes zero writes as write-zeroes: take them */
+		if (!hybd_ctl_features(&f) && (f.features & HYBD_F_PASS_ZEROES)) {
+			cfg.flags |= HYBD_DEV_F_ZERO_WRITES;
+		} else {
+			fprintf(stderr, "dedup: the hybd module cannot pass zero writes as write-zeroes (pass_zeroes): no fast path\n");
+			if (sv.bpf_required)
+				return 1;
+			sv.bpf_path = NULL;
+		}
+	}
 	sv.store_path = argv[optind];
 
 	ret = dd_open(sv.store_path, 0, &sv.s);
@@ -551,6 +582,7 @@ static int live_read(uint32_t id, struct status *out)
 	char path[64];
 	struct live_stats *l, copy = { 0 };
 	uint64_t since = now_ns(), seq;
+	struct stat st;
 	int fd, tries;
 
 	snprintf(path, sizeof(path), RUN_DIR "/hybd%u.stats", id);
@@ -558,6 +590,12 @@ static int live_read(uint32_t id, struct status *out)
 	if (fd < 0) {
 		fprintf(stderr, "dedup status: hybd%u is not served by dedup (no %s)\n",
 			id, path);
+		return -1;
+	}
+	if (fstat(fd, &st) || st.st_size != sizeof(*l)) {
+		close(fd);
+		fprintf(stderr, "dedup status: %s: not a dedup status file\n",
+			path);
 		return -1;
 	}
 	l = mmap(NULL, sizeof(*l), PROT_READ, MAP_SHARED, fd, 0);

@@ -126,6 +126,13 @@ struct dd_store {
 
 	_Atomic uint64_t mapped_blocks, chunks_used, commits, dedup_hits,
 			 zero_writes;
+	/*
+	 * An fdatasync() failed: the kernel may have dropped the dirty pages
+	 * it could not write and will not report it again, so no later
+	 * commit could know what is on disk.  Every change fails from then
+	 * on; a new open rebuilds the state from the durable map.
+	 */
+	_Atomic int failed;
 	/* dd_check(): map entries dd_open() found out of range */
 	uint64_t bad_entries;
 	/* contents stored twice (a cut-short commit): read-only, counted;
@@ -312,29 +319,38 @@ int dd_format(const char *path, uint64_t size, unsigned int flags)
 		ret = fail(-ENOMEM, "out of memory");
 		goto out;
 	}
-	if (!(flags & DD_F_FORCE) && have >= sizeof(sb) &&
-	    !pread_full(fd, block, sizeof(sb), 0) &&
-	    !memcmp(block, DD_MAGIC, 8)) {
-		ret = fail(-EEXIST, "%s: holds a dedup store already (--force to overwrite it)",
-			   path);
+	/* what is there may be someone's data: only --force overwrites it */
+	if (!(flags & DD_F_FORCE) && have) {
+		bool store = have >= sizeof(sb) &&
+			     !pread_full(fd, block, sizeof(sb), 0) &&
+			     !memcmp(block, DD_MAGIC, 8);
+
+		ret = fail(-EEXIST, "%s: %s (--force to overwrite it)", path,
+			   store ? "holds a dedup store already" :
+			   "is not empty");
 		goto out;
 	}
 
-	/* empty metadata: zeros, allocated now so a commit cannot fail */
-	if (S_ISREG(st.st_mode)) {
-		if (ftruncate(fd, 0) || ftruncate(fd, g.data_off)) {
-			ret = fail(-errno, "%s: %s", path, strerror(errno));
-			goto out;
-		}
-		if (fallocate(fd, 0, 0, g.data_off) && errno != EOPNOTSUPP) {
+	/*
+	 * Empty metadata: zeros, allocated now so that a commit does not run
+	 * out of space on a file system that allocates in place (one that
+	 * copies on write, btrfs or XFS with reflinks, may still).  Where
+	 * fallocate() is not offered, writing the zeros allocates them.
+	 */
+	if (S_ISREG(st.st_mode) &&
+	    (ftruncate(fd, 0) || ftruncate(fd, g.data_off))) {
+		ret = fail(-errno, "%s: %s", path, strerror(errno));
+		goto out;
+	}
+	if (!S_ISREG(st.st_mode) || fallocate(fd, 0, 0, g.data_off)) {
+		uint64_t off;
+
+		if (S_ISREG(st.st_mode) && errno != EOPNOTSUPP) {
 			ret = fail(-errno, "%s: cannot allocate %" PRIu64
 				   " bytes of metadata: %s", path, g.data_off,
 				   strerror(errno));
 			goto out;
 		}
-	} else {
-		uint64_t off;
-
 		memset(block, 0, IO_PIECE);
 		for (off = DD_BLOCK_SIZE; off < g.data_off; off += IO_PIECE) {
 			ret = pwrite_full(fd, block,
@@ -469,10 +485,17 @@ static void chunk_unused(struct dd_store *s, uint32_t c)
 	pthread_mutex_unlock(&s->alloc_lock);
 }
 
+/*
+ * A free chunk: one freed by a completed commit, else a new one at the end
+ * of the data area, unless many freed chunks wait for a commit (or the
+ * area is full): then commit, which frees them, rather than grow.  Chunks
+ * waiting in either pending list (the one a commit is writing out now
+ * included) count: committing waits for that commit, and so frees them.
+ */
 static int chunk_alloc(struct dd_store *s, uint32_t *out)
 {
-	bool committed = false;
-	uint64_t pend;
+	bool grown_once = false;
+	uint64_t pend, waiting;
 	int ret;
 
 	for (;;) {
@@ -483,24 +506,22 @@ static int chunk_alloc(struct dd_store *s, uint32_t *out)
 			return 0;
 		}
 		pend = s->nr_pending[s->cur];
-		if (!committed && (pend >= RECLAIM_MIN ||
-				   (pend && s->next_new > s->nr_chunks))) {
-			pthread_mutex_unlock(&s->alloc_lock);
-			/* what was freed becomes free once committed */
-			ret = dd_commit(s);
-			if (ret)
-				return ret;
-			committed = true;
-			continue;
-		}
-		if (s->next_new <= s->nr_chunks) {
+		waiting = pend + s->nr_pending[s->cur ^ 1];
+		if (s->next_new <= s->nr_chunks &&
+		    (pend < RECLAIM_MIN || grown_once)) {
 			*out = s->next_new++;
 			pthread_mutex_unlock(&s->alloc_lock);
 			return 0;
 		}
 		pthread_mutex_unlock(&s->alloc_lock);
-		return fail(-ENOSPC, "the store is full: all %" PRIu64
-			    " chunks are in use", s->nr_chunks);
+		if (!waiting)
+			return fail(-ENOSPC, "the store is full: all %" PRIu64
+				    " chunks are in use", s->nr_chunks);
+		/* each round commits: every freed chunk is free after it */
+		ret = dd_commit(s);
+		if (ret)
+			return ret;
+		grown_once = true;
 	}
 }
 
@@ -568,12 +589,19 @@ int dd_read(struct dd_store *s, uint64_t blk, void *buf)
 	return 0;
 }
 
+static int refuse_failed(void)
+{
+	return fail(-EIO, "the store could not be synced earlier: it takes no change until it is opened again (restart the server)");
+}
+
 int dd_write(struct dd_store *s, uint64_t blk, const void *buf)
 {
 	uint8_t h[DD_HASH_SIZE];
 	uint32_t c, found;
 	int ret;
 
+	if (atomic_load(&s->failed))
+		return refuse_failed();
 	if (blk >= s->nr_blocks)
 		return fail(-EINVAL, "block %" PRIu64 " is past the end", blk);
 	if (all_zero(buf)) {
@@ -616,6 +644,8 @@ int dd_write_hole(struct dd_store *s, uint64_t blk, uint64_t count)
 {
 	uint64_t i;
 
+	if (atomic_load(&s->failed))
+		return refuse_failed();
 	if (blk > s->nr_blocks || count > s->nr_blocks - blk)
 		return fail(-EINVAL, "blocks %" PRIu64 "+%" PRIu64
 			    " are past the end", blk, count);
@@ -650,27 +680,55 @@ uint64_t dd_nr_blocks(const struct dd_store *s)
 
 /* ---- commit ---- */
 
+static int snap_room(uint32_t **snap, uint64_t **pages, uint64_t *room,
+		     uint64_t n)
+{
+	uint32_t *ns = realloc(*snap, n * DD_BLOCK_SIZE);
+	uint64_t *np;
+
+	if (ns)
+		*snap = ns;
+	np = ns ? realloc(*pages, n * sizeof(**pages)) : NULL;
+	if (np)
+		*pages = np;
+	if (!ns || !np)
+		return fail(-ENOMEM, "commit: out of memory");
+	*room = n;
+	return 0;
+}
+
 int dd_commit(struct dd_store *s)
 {
 	uint64_t words = (s->nr_pages + 63) / 64, w, i, n = 0, *pages = NULL;
+	uint64_t room = 0;
 	uint32_t *snap = NULL;
 	unsigned int old;
 	int ret = 0;
 
 	if (s->flags & DD_O_RDONLY)
 		return 0;
+	if (atomic_load(&s->failed))
+		return refuse_failed();
 	pthread_mutex_lock(&s->commit_mutex);
+
+	/*
+	 * Room for the dirty pages, counted before writers are held off (a
+	 * few more may be dirty by then: counted again under the lock).
+	 */
+	for (w = 0; w < words; w++)
+		n += __builtin_popcountll(s->dirty[w]);
+	ret = snap_room(&snap, &pages, &room, n + 16);
+	if (ret)
+		goto out;
 
 	/* rule 2: a snapshot of the map with no change half done */
 	pthread_rwlock_wrlock(&s->commit_lock);
-	for (w = 0; w < words; w++)
+	for (w = 0, n = 0; w < words; w++)
 		n += __builtin_popcountll(s->dirty[w]);
-	if (n) {
-		snap = malloc(n * DD_BLOCK_SIZE);
-		pages = malloc(n * sizeof(*pages));
-		if (!snap || !pages) {
+	if (n > room) {
+		ret = snap_room(&snap, &pages, &room, n);
+		if (ret) {
 			pthread_rwlock_unlock(&s->commit_lock);
-			ret = fail(-ENOMEM, "commit: out of memory");
 			goto out;
 		}
 	}
@@ -701,6 +759,7 @@ int dd_commit(struct dd_store *s)
 	/* rule 1: what the snapshot points to is durable first */
 	if (fdatasync(s->fd)) {
 		ret = fail(-errno, "commit: fdatasync: %s", strerror(errno));
+		atomic_store(&s->failed, ret);
 		goto undo;
 	}
 	for (i = 0; i < n; i++) {
@@ -713,6 +772,7 @@ int dd_commit(struct dd_store *s)
 	}
 	if (fdatasync(s->fd)) {
 		ret = fail(-errno, "commit: fdatasync: %s", strerror(errno));
+		atomic_store(&s->failed, ret);
 		goto undo;
 	}
 	/* rule 3: what this commit freed may be reused from now on */
@@ -773,6 +833,9 @@ static int read_super(struct dd_store *s, const char *path, uint64_t size)
 		return fail(-EUCLEAN, "%s: block size %u or hash %u unknown",
 			    path, le32toh(sb.block_size),
 			    le32toh(sb.hash_alg));
+	if (le64toh(sb.nr_blocks) > UINT32_MAX - CHUNK_SLACK)
+		return fail(-EUCLEAN, "%s: the superblock's geometry is inconsistent",
+			    path);
 	geometry_of(le64toh(sb.nr_blocks), &g);
 	if (!g.nr_blocks || g.nr_chunks > UINT32_MAX ||
 	    g.nr_chunks != le64toh(sb.nr_chunks) ||

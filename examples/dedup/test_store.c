@@ -83,12 +83,18 @@ ssize_t __wrap_pwrite(int fd, const void *buf, size_t n, off_t off)
 }
 
 static unsigned int crash_at, syncs;	/* lose power at sync number */
+static bool fail_sync;			/* the next one fails with EIO */
 static void crash_now(void);
 
 int __wrap_fdatasync(int fd)
 {
 	if (!is_store(fd))
 		return __real_fdatasync(fd);
+	if (fail_sync) {
+		fail_sync = false;
+		errno = EIO;
+		return -1;
+	}
 	if (crash_at && ++syncs == crash_at)
 		crash_now();		/* does not return */
 	nr_dirty = 0;
@@ -313,6 +319,51 @@ static void *work(void *arg)
 	return NULL;
 }
 
+/*
+ * Unique overwrites from 8 threads on a small store fill its data area
+ * again and again: a writer that finds no free chunk while another
+ * commits must wait for that commit, not fail with ENOSPC.
+ */
+struct churner {
+	struct dd_store *s;
+	unsigned int id;
+};
+
+static void *churn(void *arg)
+{
+	struct churner *c = arg;
+	char buf[DD_BLOCK_SIZE];
+	unsigned int round, i;
+
+	for (round = 0; round < 100; round++)
+		for (i = 0; i < 32; i++) {
+			pattern(buf, 1000000 + ((uint64_t)c->id << 20) +
+				round * 32 + i);
+			OK(dd_write(c->s, c->id * 32 + i, buf));
+		}
+	return NULL;
+}
+
+static void test_full_churn(void)
+{
+	struct dd_store *s = fresh(256);
+	struct churner c[8];
+	pthread_t t[8];
+	unsigned int i;
+
+	for (i = 0; i < 8; i++) {
+		c[i].s = s;
+		c[i].id = i;
+		pthread_create(&t[i], NULL, churn, &c[i]);
+	}
+	for (i = 0; i < 8; i++)
+		pthread_join(t[i], NULL);
+	OK(dd_commit(s));
+	dd_close(s);
+	CHECK(check_clean() == 0, "check after the churn");
+	printf("ok full churn\n");
+}
+
 static void test_threads(void)
 {
 	struct dd_store *s = fresh(THREADS * PER_THREAD);
@@ -524,6 +575,42 @@ static void test_power_loss(void)
 static void patch(off_t off, const void *bytes, size_t len);
 
 /*
+ * A failed fdatasync() may have dropped dirty pages for good: the store
+ * takes no change after it, and a new open starts from the durable map.
+ */
+static void test_sync_failure(void)
+{
+	char buf[DD_BLOCK_SIZE], got[DD_BLOCK_SIZE];
+	struct dd_store *s = fresh(64);
+	struct stat st;
+
+	pattern(buf, 1);
+	OK(dd_write(s, 0, buf));
+	OK(dd_commit(s));
+	CHECK(!stat(path, &st), "stat");
+	store_ino = st.st_ino;
+	pattern(buf, 2);
+	OK(dd_write(s, 1, buf));
+	fail_sync = true;
+	CHECK(dd_commit(s) == -EIO, "the commit reports the failed sync");
+	CHECK(dd_write(s, 2, buf) == -EIO, "a write after it: %s",
+	      dd_errmsg());
+	CHECK(dd_write_hole(s, 0, 1) == -EIO, "a discard after it");
+	CHECK(dd_commit(s) == -EIO, "a commit after it");
+	store_ino = 0;
+	dd_close(s);
+	OK(dd_open(path, 0, &s));
+	pattern(buf, 1);
+	OK(dd_read(s, 0, got));
+	CHECK(!memcmp(buf, got, sizeof(buf)), "the committed block");
+	CHECK(dd_is_hole(s, 1), "the block the failed commit would have kept");
+	OK(dd_write(s, 1, buf));
+	OK(dd_commit(s));
+	dd_close(s);
+	printf("ok sync failure\n");
+}
+
+/*
  * A commit cut short between its map pages: content P moved from block
  * 1024 (map page 1, not written) to block 0 (page 0, written), so the
  * durable map has P in two chunks.  check calls it a note, not damage;
@@ -668,10 +755,12 @@ static const struct {
 	{ "accounting", test_accounting },
 	{ "reopen", test_reopen },
 	{ "threads", test_threads },
+	{ "full_churn", test_full_churn },
 	{ "kill", test_kill },
 	{ "power_loss", test_power_loss },
 	{ "damage", test_damage },
 	{ "torn_duplicate", test_torn_duplicate },
+	{ "sync_failure", test_sync_failure },
 };
 
 /* test_store [NAME...]: the tests named, or all of them */

@@ -5,7 +5,7 @@
  *   ramdisk [--size BYTES] [--queues N] [--depth N] [--max-io BYTES]
  *           [--lbs N] [--pbs N] [--poll-ns N] [--no-write-cache] [--id N]
  *           [--io-timeout SECONDS] [--max-write-zeroes BYTES]
- *           [--bpf PROG.bpf.o]
+ *           [--zero-writes] [--bpf PROG.bpf.o]
  *
  * It creates /dev/hybdN, prints "ready /dev/hybdN" once the disk exists and
  * serves it until SIGINT or SIGTERM.  Then it deletes the device (the
@@ -124,7 +124,7 @@ static const char usage[] =
 	"usage: ramdisk [--size BYTES] [--queues N] [--depth N] [--max-io BYTES]\n"
 	"               [--lbs N] [--pbs N] [--poll-ns N] [--no-write-cache] [--id N]\n"
 	"               [--io-timeout SECONDS] [--max-write-zeroes BYTES]\n"
-	"               [--bpf PROG.bpf.o]\n";
+	"               [--zero-writes] [--bpf PROG.bpf.o]\n";
 
 static const char *bpf_path;	/* --bpf */
 
@@ -142,6 +142,8 @@ static void parse_args(int argc, char **argv, struct hybd_config *cfg)
 		{ "id", required_argument, NULL, 'i' },
 		{ "io-timeout", required_argument, NULL, 't' },
 		{ "max-write-zeroes", required_argument, NULL, 'z' },
+		/* take zero writes a fast path passes as write-zeroes */
+		{ "zero-writes", no_argument, NULL, 'Z' },
 		{ "bpf", required_argument, NULL, 'b' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -161,6 +163,7 @@ static void parse_args(int argc, char **argv, struct hybd_config *cfg)
 		case 'i': cfg->dev_id = number(name, optarg, INT32_MAX); break;
 		case 't': cfg->io_timeout = number(name, optarg, UINT32_MAX); break;
 		case 'z': cfg->max_write_zeroes_bytes = number(name, optarg, UINT32_MAX); break;
+		case 'Z': cfg->flags |= HYBD_DEV_F_ZERO_WRITES; break;
 		case 'b': bpf_path = optarg; break;
 		case 'W':
 			/* nothing cached: no flush, no FUA */

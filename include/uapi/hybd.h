@@ -105,7 +105,14 @@
 /* Device flags (hybd_param_basic.flags). */
 /* the device has a volatile write cache: flush requests reach the server */
 #define HYBD_DEV_F_WRITE_CACHE	(1U << 0)
-#define HYBD_DEV_F_ALL		0x1U
+/*
+ * the server takes an all-zero write that a fast path recognised as a
+ * write-zeroes of the same range (HYBD_BPF_PASS_ZEROES): it must make the
+ * range read as zeros with the write's semantics (FUA honoured); needs
+ * HYBD_OPF_WRITE_ZEROES; offered with HYBD_F_PASS_ZEROES
+ */
+#define HYBD_DEV_F_ZERO_WRITES	(1U << 1)
+#define HYBD_DEV_F_ALL		0x3U
 
 /* Parameter block types (hybd_params.types). */
 #define HYBD_PARAM_BASIC	(1U << 0)	/* mandatory */
@@ -542,13 +549,15 @@ struct hybd_srv_queue_cpus {
  *
  * HYBD_BPF_PASS_ZEROES (HYBD_F_PASS_ZEROES) is for a write only: the
  * program has checked that the payload is all zero
- * (hybd_bpf_io_is_zero()); the server gets the request as
- * HYBD_OP_WRITE_ZEROES of the same range and flags (FUA included), and
- * the payload is not copied to it.  The program takes responsibility for
- * the payload being zero, as it does for DONE.  On a device that does not
- * offer write-zeroes (HYBD_OPF_WRITE_ZEROES not in its ops), or for a
- * write longer than its max_write_zeroes_bytes, it is the same as
- * HYBD_BPF_PASS (the write goes as it is).  For any other operation it is
+ * (hybd_bpf_io_is_zero()); on a device whose server asked for it
+ * (HYBD_DEV_F_ZERO_WRITES), the server gets the request as
+ * HYBD_OP_WRITE_ZEROES of the same range and flags (FUA included) plus
+ * HYBD_IO_F_NOUNMAP (a write of zeros provisions what it writes), and the
+ * payload is not copied to it.  The program takes responsibility for the
+ * payload being zero, as it does for DONE.  On a device without
+ * HYBD_DEV_F_ZERO_WRITES, or for a write longer than its
+ * max_write_zeroes_bytes, it is the same as HYBD_BPF_PASS (the write goes
+ * as it is): a server never gets a write-zeroes it did not agree to.  For any other operation it is
  * outside the contract: counted in bpf_bad_ret and the request fails with
  * EIO.  complete() still sees io->op == HYBD_OP_WRITE (the program's view
  * of a request never changes), with the server's result.

@@ -272,7 +272,11 @@ static void test_param_messages(void)
 	good_params(&p);
 	p.basic.flags = 0x81;
 	msg_is(&p, -1, HYBD_PERR_FLAGS, -EOPNOTSUPP,
-	       "device flags 0x81: unknown bits 0x80 (known: 0x1)");
+	       "device flags 0x81: unknown bits 0x80 (known: 0x3)");
+	p.basic.flags = HYBD_DEV_F_ZERO_WRITES;
+	p.basic.ops = HYBD_OPF_READ | HYBD_OPF_WRITE;
+	msg_is(&p, -1, HYBD_PERR_FLAGS, -EINVAL,
+	       "device flags 0x2: zero writes as write-zeroes need the write-zeroes operation");
 	p.basic.flags = HYBD_DEV_F_WRITE_CACHE;
 	p.basic.ops = HYBD_OPF_READ | HYBD_OPF_WRITE;
 	msg_is(&p, -1, HYBD_PERR_FLAGS, -EINVAL,
