@@ -9,11 +9,9 @@
  * served only while its version is the block's current one, so a fill
  * that raced with a write is never served after that write.
  *
- * Slots are guarded by a sequence count: a fill holds it odd while it
- * copies; a hit copies, then checks the count did not move, and falls back
- * to the slow path if it did (which overwrites the copied bytes).
+ * The slots and their sequence counts are hybd_cache.bpf.h's.
  */
-#include "hybd_versions.bpf.h"
+#include "hybd_cache.bpf.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -34,19 +32,7 @@ char LICENSE[] SEC("license") = "GPL";
 #define CACHE_SLOTS	8192		/* 32 MiB of data */
 #endif
 
-struct cache_slot {
-	__u64 seq;	/* odd while a fill writes the slot */
-	__u64 blk;	/* block + 1; 0 = empty */
-	__u64 stamp;	/* the version stamp the data is valid for */
-	__u8 data[HYBD_BLOCK_SIZE];
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, CACHE_SLOTS);
-	__type(key, __u32);
-	__type(value, struct cache_slot);
-} cache_slots SEC(".maps");
+HYBD_CACHE_DEFINE(cache_slots, CACHE_SLOTS);
 
 /*
  * Counters: global variables, which libbpf keeps in the object's .bss map
@@ -60,35 +46,14 @@ __u64 races;	/* hits given up because a fill overwrote the slot */
 /* a fetching add, as every atomic here (see hybd_atomic_fetch_add()) */
 #define cache_count(counter)	hybd_atomic_fetch_add(&(counter), 1)
 
-static __always_inline struct cache_slot *cache_slot_of(__u64 blk)
-{
-	__u32 key = blk % CACHE_SLOTS;
-
-	return bpf_map_lookup_elem(&cache_slots, &key);
-}
-
-/* Drop the cached copies of a write's blocks (frees slots early). */
-static __always_inline void cache_invalidate(const struct hybd_bpf_io *io)
-{
-	__u64 first, count, i;
-	struct cache_slot *s;
-
-	hybd_io_blocks(io, &first, &count);
-	for (i = 0; i < 256 && i < count; i++) {
-		s = cache_slot_of(first + i);
-		if (s && s->blk == first + i + 1)
-			s->blk = 0;
-	}
-}
-
 int BPF_STRUCT_OPS(cache_submit, struct hybd_bpf_io *io)
 {
-	struct cache_slot *s;
-	__u64 blk, stamp, seq;
+	__u64 blk, stamp;
+	int ret;
 
 	if (hybd_io_changes_data(io)) {
 		cache_ver_bump(io);
-		cache_invalidate(io);
+		hybd_cache_drop(&cache_slots, CACHE_SLOTS, io);
 		return HYBD_BPF_PASS;
 	}
 	if (!hybd_io_one_block(io, &blk))
@@ -96,30 +61,20 @@ int BPF_STRUCT_OPS(cache_submit, struct hybd_bpf_io *io)
 
 	stamp = hybd_ver_stamp(blk);
 	io->scratch = stamp;
-	s = cache_slot_of(blk);
-	if (!s || !stamp)
-		return HYBD_BPF_PASS;
-
-	seq = __sync_fetch_and_add(&s->seq, 0);
-	if (seq & 1 || s->blk != blk + 1 || s->stamp != stamp)
-		goto miss;
-	if (hybd_bpf_io_copy_in(io, 0, s->data, sizeof(s->data)))
-		goto miss;
-	if (__sync_fetch_and_add(&s->seq, 0) != seq) {
-		cache_count(races);
-		goto miss;
+	ret = hybd_cache_copy_in(&cache_slots, CACHE_SLOTS, io, blk, 0, stamp);
+	if (ret == HYBD_CACHE_HIT) {
+		cache_count(hits);
+		return HYBD_BPF_DONE;
 	}
-	cache_count(hits);
-	return HYBD_BPF_DONE;
-miss:
+	if (ret == HYBD_CACHE_RACE)
+		cache_count(races);
 	cache_count(misses);
 	return HYBD_BPF_PASS;
 }
 
 void BPF_STRUCT_OPS(cache_complete, struct hybd_bpf_io *io)
 {
-	struct cache_slot *s;
-	__u64 blk, seq;
+	__u64 blk;
 
 	if (hybd_io_changes_data(io)) {
 		cache_ver_bump(io);
@@ -129,22 +84,8 @@ void BPF_STRUCT_OPS(cache_complete, struct hybd_bpf_io *io)
 		return;
 	if (!cache_ver_unchanged(blk, io->scratch))
 		return;
-	s = cache_slot_of(blk);
-	if (!s)
-		return;
-
-	/* take the slot: even -> odd, or leave it to whoever has it */
-	seq = s->seq;
-	if (seq & 1 || __sync_val_compare_and_swap(&s->seq, seq, seq + 1) != seq)
-		return;
-	s->blk = 0;
-	if (!hybd_bpf_io_copy_out(io, 0, s->data, sizeof(s->data))) {
-		s->stamp = io->scratch;
-		s->blk = blk + 1;
+	if (hybd_cache_fill(&cache_slots, CACHE_SLOTS, io, blk, 0, io->scratch))
 		cache_count(fills);
-	}
-	/* release: odd -> even, ordered after the fill's stores */
-	hybd_atomic_fetch_add(&s->seq, 1);
 }
 
 HYBD_OPS_DEFINE(cache_ops,

@@ -35,6 +35,7 @@ INSTALLED = {
     "usr/include/hybd/uapi/hybd.h",
     "usr/include/hybd/hybd.bpf.h",
     "usr/include/hybd/hybd_versions.bpf.h",
+    "usr/include/hybd/hybd_cache.bpf.h",
     "usr/sbin/hybdctl",
     "usr/share/bash-completion/completions/hybdctl",
     "usr/share/man/man8/hybdctl.8",

@@ -14,17 +14,15 @@
  * their cached copies, and a write whose payload is all zeros is handed
  * over as a write-zeroes, without its payload (HYBD_BPF_PASS_ZEROES).
  *
- * The cache is cache.bpf.c's: direct-mapped 4 KiB slots, each guarded by
- * a sequence count (odd while a fill writes it; a hit copies, then checks
- * the count did not move) and valid only for the version stamp stored
- * with it.
+ * The cache is hybd_cache.bpf.h's, as in bpf/cache.bpf.c: direct-mapped
+ * 4 KiB slots, each guarded by a sequence count and valid only for the
+ * version stamp stored with it.
  */
-#include "hybd_versions.bpf.h"
+#include "hybd_cache.bpf.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
 #define DEDUP_MAX_BLOCKS	32	/* 128 KiB: the largest read served */
-#define DEDUP_INVAL_MAX		256	/* 1 MiB: slots a write drops at most */
 
 #ifndef DEDUP_CACHE_SLOTS
 #define DEDUP_CACHE_SLOTS	8192	/* 32 MiB of data */
@@ -43,19 +41,7 @@ struct {
 	__type(value, __u32);
 } dedup_zero SEC(".maps") HYBD_PER_BLOCK;
 
-struct dedup_slot {
-	__u64 seq;	/* odd while a fill writes the slot */
-	__u64 blk;	/* block + 1; 0 = empty */
-	__u64 stamp;	/* the version stamp the data is valid for */
-	__u8 data[HYBD_BLOCK_SIZE];
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, DEDUP_CACHE_SLOTS);
-	__type(key, __u32);
-	__type(value, struct dedup_slot);
-} dedup_cache SEC(".maps");
+HYBD_CACHE_DEFINE(dedup_cache, DEDUP_CACHE_SLOTS);
 
 /*
  * A block of zeros, the source for the known-zero blocks of a read that
@@ -101,13 +87,6 @@ static __always_inline bool dedup_known_zero(__u64 blk)
 	return z && *z == 1;
 }
 
-static __always_inline struct dedup_slot *dedup_slot_of(__u64 blk)
-{
-	__u32 key = blk % DEDUP_CACHE_SLOTS;
-
-	return bpf_map_lookup_elem(&dedup_cache, &key);
-}
-
 /* An aligned read of 1..DEDUP_MAX_BLOCKS whole blocks: what is served. */
 static __always_inline bool dedup_read_blocks(const struct hybd_bpf_io *io,
 					      __u64 *first, __u64 *count)
@@ -144,46 +123,6 @@ static __always_inline __u64 dedup_stamp(__u64 first, __u64 count)
 	return sum;
 }
 
-/* Drop the cached copies of a write's blocks (frees slots early; the
- * versions alone already keep them from being served). */
-static __always_inline void dedup_invalidate(const struct hybd_bpf_io *io)
-{
-	__u64 first, count, i;
-	struct dedup_slot *s;
-
-	hybd_io_blocks(io, &first, &count);
-	for (i = 0; i < DEDUP_INVAL_MAX && i < count; i++) {
-		s = dedup_slot_of(first + i);
-		if (s && s->blk == first + i + 1)
-			s->blk = 0;
-	}
-}
-
-/*
- * Copy block @blk from its slot into the read at @off, if the slot holds
- * it with its current stamp: 0, or -1 (a miss, or the slot changed while
- * it was copied: the slow path then overwrites what was copied).
- */
-static __always_inline int dedup_copy_cached(struct hybd_bpf_io *io,
-					     __u64 blk, __u32 off)
-{
-	struct dedup_slot *s = dedup_slot_of(blk);
-	__u64 stamp = hybd_ver_stamp(blk), seq;
-
-	if (!s || !stamp)
-		return -1;
-	seq = __sync_fetch_and_add(&s->seq, 0);
-	if (seq & 1 || s->blk != blk + 1 || s->stamp != stamp)
-		return -1;
-	if (hybd_bpf_io_copy_in(io, off, s->data, sizeof(s->data)))
-		return -1;
-	if (__sync_fetch_and_add(&s->seq, 0) != seq) {
-		dedup_count(races);
-		return -1;
-	}
-	return 0;
-}
-
 static __always_inline int dedup_read(struct hybd_bpf_io *io)
 {
 	struct dedup_zblock *zeros;
@@ -218,8 +157,13 @@ static __always_inline int dedup_read(struct hybd_bpf_io *io)
 						  zeros->data,
 						  sizeof(zeros->data));
 		} else {
-			ret = dedup_copy_cached(io, first + i,
-						i * HYBD_BLOCK_SIZE);
+			ret = hybd_cache_copy_in(&dedup_cache,
+						 DEDUP_CACHE_SLOTS, io,
+						 first + i,
+						 i * HYBD_BLOCK_SIZE,
+						 hybd_ver_stamp(first + i));
+			if (ret == HYBD_CACHE_RACE)
+				dedup_count(races);
 			cached = true;
 		}
 		if (ret)
@@ -242,7 +186,7 @@ int BPF_STRUCT_OPS(dedup_submit, struct hybd_bpf_io *io)
 {
 	if (hybd_io_changes_data(io)) {
 		hybd_ver_bump(io);
-		dedup_invalidate(io);
+		hybd_cache_drop(&dedup_cache, DEDUP_CACHE_SLOTS, io);
 		if (io->op == HYBD_OP_WRITE && hybd_bpf_io_is_zero(io) == 1) {
 			dedup_count(zero_writes);
 			return HYBD_BPF_PASS_ZEROES;
@@ -252,29 +196,6 @@ int BPF_STRUCT_OPS(dedup_submit, struct hybd_bpf_io *io)
 	if (io->op != HYBD_OP_READ)
 		return HYBD_BPF_PASS;	/* flush: the server's */
 	return dedup_read(io);
-}
-
-/* Fill @blk's slot with the block at @off of the read, valid for @stamp. */
-static __always_inline void dedup_fill(struct hybd_bpf_io *io, __u64 blk,
-				       __u32 off, __u64 stamp)
-{
-	struct dedup_slot *s = dedup_slot_of(blk);
-	__u64 seq;
-
-	if (!s)
-		return;
-	/* take the slot: even -> odd, or leave it to whoever has it */
-	seq = s->seq;
-	if (seq & 1 || __sync_val_compare_and_swap(&s->seq, seq, seq + 1) != seq)
-		return;
-	s->blk = 0;
-	if (!hybd_bpf_io_copy_out(io, off, s->data, sizeof(s->data))) {
-		s->stamp = stamp;
-		s->blk = blk + 1;
-		dedup_count(fills);
-	}
-	/* release: odd -> even, ordered after the fill's stores */
-	hybd_atomic_fetch_add(&s->seq, 1);
 }
 
 void BPF_STRUCT_OPS(dedup_complete, struct hybd_bpf_io *io)
@@ -314,7 +235,9 @@ void BPF_STRUCT_OPS(dedup_complete, struct hybd_bpf_io *io)
 		/* served from dedup_zero: no slot needed */
 		if (dedup_known_zero(first + i))
 			continue;
-		dedup_fill(io, first + i, i * HYBD_BLOCK_SIZE, stamps[i]);
+		if (hybd_cache_fill(&dedup_cache, DEDUP_CACHE_SLOTS, io,
+				    first + i, i * HYBD_BLOCK_SIZE, stamps[i]))
+			dedup_count(fills);
 	}
 }
 

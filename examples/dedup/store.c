@@ -407,6 +407,17 @@ static pthread_mutex_t *bucket_lock_of(struct dd_store *s, uint64_t b)
 	return &s->bucket_lock[b % NR_BUCKET_LOCKS];
 }
 
+/* The chunk in bucket @b holding @h, or 0; with the bucket's lock held. */
+static uint32_t index_find(struct dd_store *s, uint64_t b, const uint8_t *h)
+{
+	uint32_t c;
+
+	for (c = s->bucket[b]; c; c = s->next[c])
+		if (!memcmp(s->hash[c], h, DD_HASH_SIZE))
+			break;
+	return c;
+}
+
 /* The chunk holding @h, with a reference taken, or 0. */
 static uint32_t index_get(struct dd_store *s, const uint8_t *h)
 {
@@ -415,11 +426,9 @@ static uint32_t index_get(struct dd_store *s, const uint8_t *h)
 	uint32_t c;
 
 	pthread_mutex_lock(lock);
-	for (c = s->bucket[b]; c; c = s->next[c])
-		if (!memcmp(s->hash[c], h, DD_HASH_SIZE)) {
-			s->ref[c]++;
-			break;
-		}
+	c = index_find(s, b, h);
+	if (c)
+		s->ref[c]++;
 	pthread_mutex_unlock(lock);
 	return c;
 }
@@ -437,12 +446,12 @@ static uint32_t index_insert(struct dd_store *s, const uint8_t *h,
 	uint32_t o;
 
 	pthread_mutex_lock(lock);
-	for (o = s->bucket[b]; o; o = s->next[o])
-		if (!memcmp(s->hash[o], h, DD_HASH_SIZE)) {
-			s->ref[o]++;
-			pthread_mutex_unlock(lock);
-			return o;
-		}
+	o = index_find(s, b, h);
+	if (o) {
+		s->ref[o]++;
+		pthread_mutex_unlock(lock);
+		return o;
+	}
 	memcpy(s->hash[c], h, DD_HASH_SIZE);
 	s->ref[c] = 1;
 	s->next[c] = s->bucket[b];
@@ -987,9 +996,7 @@ static int load_chunks(struct dd_store *s, const char *path)
 			uint32_t o;
 
 			memcpy(s->hash[c], piece[i], DD_HASH_SIZE);
-			for (o = s->bucket[b]; o; o = s->next[o])
-				if (!memcmp(s->hash[o], piece[i], DD_HASH_SIZE))
-					break;
+			o = index_find(s, b, piece[i]);
 			if (o && !(s->flags & DD_O_RDONLY)) {
 				/* merged into chunk o below */
 				if (!s->dup_of) {
