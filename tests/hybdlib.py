@@ -165,6 +165,14 @@ def hybdctl_json(*args):
                     pytrace=False)
 
 
+def io_uring_usable():
+    """Whether this kernel lets us use io_uring (fio's io_uring engine)."""
+    try:
+        return Path("/proc/sys/kernel/io_uring_disabled").read_text().strip() == "0"
+    except OSError:
+        return True
+
+
 def info(dev):
     """hybdctl info DEV --json, parsed."""
     return hybdctl_json("info", str(dev))

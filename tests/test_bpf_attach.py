@@ -20,8 +20,9 @@ from hybdbpf import (BLOCK, attached, delta, detach, detach_ok, dev_info,
                      disk_completed_ios, fastpath, need_bpf, pin_dir, prog,
                      read_blocks, read_errno, settle, stats, suite_prog,
                      write_errno)
-from hybdlib import (T_IO, direct_write, hybdctl, hybdctl_json, need_tool,
-                     pattern, reap, sysfs_queue, wait_for)
+from hybdlib import (T_IO, direct_write, hybdctl, hybdctl_json,
+                     io_uring_usable, need_tool, pattern, reap, sysfs_queue,
+                     wait_for)
 
 assert fastpath      # a fixture, used by name
 
@@ -45,14 +46,6 @@ def small_ramdisk(ramdisk, **opts):
     srv = ramdisk(**opts)
     settle()
     return srv
-
-
-def io_uring_usable():
-    try:
-        with open("/proc/sys/kernel/io_uring_disabled") as f:
-            return f.read().strip() == "0"
-    except OSError:
-        return True
 
 
 # ------------------------------------------ attach/replace/detach under I/O

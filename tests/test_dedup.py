@@ -28,8 +28,8 @@ import pytest
 import hybd_uapi as uapi
 from hybdlib import (REPO, T_IO, assert_data, device_ids, direct_read,
                      direct_write, fio, first_difference, hybdctl, info,
-                     need_built, pattern, reap, run, state_of, stack_of,
-                     sysfs_queue, wait_for)
+                     io_uring_usable, need_built, pattern, reap, run, stack_of,
+                     state_of, sysfs_queue, wait_for)
 
 MiB = 1 << 20
 BLOCK = 4096
@@ -88,13 +88,6 @@ def patch(path, offset, data):
     with open(path, "r+b") as f:
         f.seek(offset)
         f.write(data)
-
-
-def io_uring_usable():
-    try:
-        return Path("/proc/sys/kernel/io_uring_disabled").read_text().strip() == "0"
-    except OSError:
-        return True
 
 
 # ------------------------------------------------------------------ fixture

@@ -10,8 +10,8 @@ import pytest
 
 import hybd_uapi as uapi
 from hybdlib import (RamdiskMemory, assert_data, direct_write, fio,
-                     first_difference, info, need_tool, pattern, run,
-                     sysfs_queue)
+                     first_difference, info, io_uring_usable, need_tool,
+                     pattern, run, sysfs_queue)
 
 MiB = 1 << 20
 CPUS = os.cpu_count() or 1
@@ -30,13 +30,6 @@ def per_queue_done(dev_id):
         e, queues = uapi.queue_stats(ctl, dev_id)
     assert e == 0, f"HYBD_CTL_STATS: {uapi.errname(e)}"
     return [q["slow_done"] for q in queues]
-
-
-def io_uring_usable():
-    try:
-        return Path("/proc/sys/kernel/io_uring_disabled").read_text().strip() == "0"
-    except OSError:
-        return True
 
 
 # (block size, bytes per job): a few hundred requests per job either way
