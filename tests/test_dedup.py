@@ -357,6 +357,9 @@ def kill_and_delete(dedup, srv):
     wait_for(lambda: not os.path.exists(srv.dev), 10, f"{srv.dev} to disappear")
 
 
+# 20 server starts, each attaching the program with the fast path on: 90 s
+# under TCG, several times that in the debug kernel (KASAN, lockdep)
+@pytest.mark.time_limit(1500)
 def test_dedup_sigkill_keeps_flushed_data_and_never_returns_garbage(
         dedup, spawned, tmp_path):
     dd = tool("dd")
