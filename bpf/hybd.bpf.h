@@ -175,4 +175,35 @@ const volatile __u64 hybd_dev_blocks;
  */
 #define HYBD_PER_BLOCK	__attribute__((btf_decl_tag("hybd:per_block")))
 
+/*
+ * A map declared HYBD_BLOCK_BITMAP (an ARRAY of __u64) gets one bit per
+ * 4 KiB block of the device, block b being bit b % 64 of entry b / 64, at
+ * most the max_entries it declares, when libhybd (>= 1.5) loads it.
+ * Declared BPF_F_MMAPABLE, the slow path maps it (hybd_bpf_map_mmap()) and
+ * flips bits with atomic operations while the program reads them:
+ *
+ *	struct {
+ *		__uint(type, BPF_MAP_TYPE_ARRAY);
+ *		__uint(map_flags, BPF_F_MMAPABLE);
+ *		__uint(max_entries, 1 << 22);	// cap: 1 TiB of blocks
+ *		__type(key, __u32);
+ *		__type(value, __u64);
+ *	} my_bits SEC(".maps") HYBD_BLOCK_BITMAP;
+ */
+#define HYBD_BLOCK_BITMAP __attribute__((btf_decl_tag("hybd:block_bitmap")))
+
+/* Block @blk's bit in the HYBD_BLOCK_BITMAP @map: 0, 1, or -1 past its end. */
+static __always_inline int hybd_bitmap_test(void *map, __u64 blk)
+{
+	__u32 key = blk / 64;
+	__u64 *w;
+
+	if (blk / 64 > 0xffffffffULL)
+		return -1;
+	w = bpf_map_lookup_elem(map, &key);
+	if (!w)
+		return -1;
+	return (*(volatile __u64 *)w >> (blk % 64)) & 1;
+}
+
 #endif /* __HYBD_BPF_H */

@@ -23,8 +23,12 @@
  *				(optional: frees the slots early; the
  *				versions alone keep them from being served)
  *
- * bpf/cache.bpf.c serves single blocks from it, examples/dedup's program
- * reads of up to 32 blocks.
+ * Reads of several blocks take one stamp for all of them
+ * (hybd_ver_stamp_blocks()) and fill with hybd_cache_fill_blocks().
+ *
+ * bpf/cache.bpf.c serves single blocks from it, examples/dedup's and
+ * examples/encrypt's programs reads of up to 32 blocks (encrypt's with
+ * these two).
  */
 #ifndef __HYBD_CACHE_BPF_H
 #define __HYBD_CACHE_BPF_H
@@ -114,6 +118,54 @@ static __always_inline bool hybd_cache_fill(void *cache, __u32 slots,
 	/* release: odd -> even, ordered after the fill's stores */
 	hybd_atomic_fetch_add(&s->seq, 1);
 	return filled;
+}
+
+/*
+ * complete() of a read of blocks @first .. @first + @count - 1 (at most
+ * HYBD_VER_MAX_BLOCKS, the read's byte 0 being @first's) whose submit()
+ * set io->scratch = hybd_ver_stamp_blocks(first, count): if no block's
+ * version moved since, fill the block's slots, except those of blocks set
+ * in @skip (a HYBD_BLOCK_BITMAP of blocks the program serves from
+ * elsewhere, e.g. holes; NULL: none), and count each fill in *@fills (if
+ * not NULL).
+ *
+ * The sum is recomputed keeping each block's stamp as read for it: if it
+ * still equals io->scratch, every version read here is the one at
+ * submit(), so these are the stamps the read's data is valid for.  They
+ * are stored with the data, never a version read again later: a write
+ * that bumped a block in between (both its submit and complete) would have
+ * it stored with the data the write replaced, and served.
+ *
+ * (No count is returned: a value that depends on each block's outcome
+ * would make the verifier walk every combination of them.)
+ */
+static __always_inline void hybd_cache_fill_blocks(void *cache, __u32 slots,
+						   struct hybd_bpf_io *io,
+						   __u64 first, __u64 count,
+						   void *skip, __u64 *fills)
+{
+	__u64 stamps[HYBD_VER_MAX_BLOCKS];
+	__u64 i, sum = 1, ver, *v;
+
+	if (!io->scratch || count > HYBD_VER_MAX_BLOCKS)
+		return;
+	for (i = 0; i < HYBD_VER_MAX_BLOCKS && i < count; i++) {
+		v = hybd_ver_slot(first + i);
+		if (!v)
+			return;
+		ver = *(volatile __u64 *)v;
+		stamps[i] = ver + 1;
+		sum += ver;
+	}
+	if (sum != io->scratch)
+		return;
+	for (i = 0; i < HYBD_VER_MAX_BLOCKS && i < count; i++) {
+		if (skip && hybd_bitmap_test(skip, first + i) == 1)
+			continue;
+		if (hybd_cache_fill(cache, slots, io, first + i,
+				    i * HYBD_BLOCK_SIZE, stamps[i]) && fills)
+			hybd_atomic_fetch_add(fills, 1);
+	}
 }
 
 /* Empty the slots of a write's blocks (up to 256 of them). */

@@ -104,4 +104,34 @@ static __always_inline bool hybd_ver_unchanged(__u64 blk, __u64 stamp)
 	return stamp && hybd_ver_stamp(blk) == stamp;
 }
 
+/*
+ * Reads of several blocks: one io->scratch, so one stamp for all of them,
+ *
+ *	1 + the sum of the blocks' versions
+ *
+ * (0 if a version slot is missing: no stamp, no fill).  Versions only ever
+ * grow (every change is hybd_ver_bump()'s +1, and a u64 does not wrap), so
+ * each block's version at complete() is at least the one at submit(), and
+ * the sum is unchanged iff every block's is.  This holds when blocks share
+ * a slot too: a shared slot is counted once per block, each time no
+ * smaller.  hybd_cache_fill_blocks() (hybd_cache.bpf.h) is its complete()
+ * side.  Up to HYBD_VER_MAX_BLOCKS blocks.
+ */
+#define HYBD_VER_MAX_BLOCKS	32
+
+static __always_inline __u64 hybd_ver_stamp_blocks(__u64 first, __u64 count)
+{
+	__u64 sum = 1, i, *v;
+
+	if (count > HYBD_VER_MAX_BLOCKS)
+		return 0;
+	for (i = 0; i < HYBD_VER_MAX_BLOCKS && i < count; i++) {
+		v = hybd_ver_slot(first + i);
+		if (!v)
+			return 0;
+		sum += *v;
+	}
+	return sum;
+}
+
 #endif /* __HYBD_VERSIONS_BPF_H */

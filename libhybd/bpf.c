@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
@@ -31,8 +32,9 @@
 #include "hybd_internal.h"
 
 #define BPFFS		"/sys/fs/bpf"
-/* hybd.bpf.h's HYBD_PER_BLOCK, and the block it counts in */
+/* hybd.bpf.h's HYBD_PER_BLOCK and HYBD_BLOCK_BITMAP, and their block */
 #define HYBD_PER_BLOCK_TAG	"hybd:per_block"
+#define HYBD_BLOCK_BITMAP_TAG	"hybd:block_bitmap"
 #define HYBD_BPF_BLOCK		4096
 #define BPFFS_MAGIC	0xcafe4a11
 #define HYBD_PIN_DIR	BPFFS "/hybd"
@@ -408,8 +410,9 @@ static bool is_hybd_ops(const struct bpf_object *obj,
 	return name && !strcmp(name, HYBD_OPS_TYPE);
 }
 
-/* Is map @name tagged HYBD_PER_BLOCK in @btf? */
-static bool is_per_block(const struct btf *btf, const char *name)
+/* Is map @name tagged @tag (HYBD_PER_BLOCK_TAG...) in @btf? */
+static bool map_has_tag(const struct btf *btf, const char *name,
+			const char *tag)
 {
 	unsigned int i, n = btf__type_cnt(btf);
 
@@ -418,8 +421,7 @@ static bool is_per_block(const struct btf *btf, const char *name)
 
 		if (!btf_is_decl_tag(t) || btf_decl_tag(t)->component_idx != -1)
 			continue;
-		if (strcmp(btf__name_by_offset(btf, t->name_off),
-			   HYBD_PER_BLOCK_TAG))
+		if (strcmp(btf__name_by_offset(btf, t->name_off), tag))
 			continue;
 		v = btf__type_by_id(btf, t->type);
 		if (v && btf_is_var(v) &&
@@ -473,8 +475,9 @@ static void set_rodata_u64(struct bpf_object *obj, const char *var,
 }
 
 /*
- * Size @obj for device @dev_id (hybd.bpf.h): hybd_dev_blocks, and each
- * HYBD_PER_BLOCK map to one entry per block, capped at what it declares.
+ * Size @obj for device @dev_id (hybd.bpf.h): hybd_dev_blocks, each
+ * HYBD_PER_BLOCK map to one entry per block and each HYBD_BLOCK_BITMAP map
+ * to one 64-bit word per 64 blocks, capped at what the map declares.
  */
 static int hybd_bpf_size_maps(struct bpf_object *obj, uint32_t dev_id,
 			      const char *path)
@@ -482,7 +485,7 @@ static int hybd_bpf_size_maps(struct bpf_object *obj, uint32_t dev_id,
 	const struct btf *btf = bpf_object__btf(obj);
 	struct hybd_dev_info info;
 	struct bpf_map *map;
-	uint64_t blocks;
+	uint64_t blocks, want;
 	int ret;
 
 	ret = hybd_ctl_info(dev_id, &info);
@@ -494,20 +497,30 @@ static int hybd_bpf_size_maps(struct bpf_object *obj, uint32_t dev_id,
 	if (!btf)
 		return 0;
 	bpf_object__for_each_map(map, obj) {
+		const char *name = bpf_map__name(map);
 		uint32_t cap = bpf_map__max_entries(map);
 
-		if (!is_per_block(btf, bpf_map__name(map)))
+		if (map_has_tag(btf, name, HYBD_PER_BLOCK_TAG)) {
+			want = blocks;
+		} else if (map_has_tag(btf, name, HYBD_BLOCK_BITMAP_TAG)) {
+			if (bpf_map__value_size(map) != sizeof(uint64_t))
+				return hybd__err(-EINVAL,
+						 "%s: map %s is HYBD_BLOCK_BITMAP but its values are not 64-bit words",
+						 path, name);
+			want = (blocks + 63) / 64;
+		} else {
 			continue;
+		}
 		if (bpf_map__type(map) != BPF_MAP_TYPE_ARRAY)
 			return hybd__err(-EINVAL,
-					 "%s: map %s is HYBD_PER_BLOCK but not an array",
-					 path, bpf_map__name(map));
-		ret = bpf_map__set_max_entries(map, blocks < cap ?
-					       (uint32_t)(blocks ? blocks : 1) :
+					 "%s: map %s is sized by the device but not an array",
+					 path, name);
+		ret = bpf_map__set_max_entries(map, want < cap ?
+					       (uint32_t)(want ? want : 1) :
 					       cap);
 		if (ret)
 			return hybd__err(ret, "%s: cannot size map %s", path,
-					 bpf_map__name(map));
+					 name);
 	}
 	return 0;
 }
@@ -1171,4 +1184,38 @@ int hybd_bpf_map_fill(int map_fd, uint32_t first, uint32_t count,
 	}
 	free(vals);
 	return ret;
+}
+
+void *hybd_bpf_map_mmap(int map_fd, size_t *bytes)
+{
+	struct bpf_map_info info;
+	uint32_t len = sizeof(info);
+	long page = sysconf(_SC_PAGESIZE);
+	size_t size;
+	void *p;
+
+	memset(&info, 0, sizeof(info));
+	if (bpf_map_get_info_by_fd(map_fd, &info, &len)) {
+		hybd__err(-errno, "hybd_bpf_map_mmap: fd %d is not a map",
+			  map_fd);
+		return NULL;
+	}
+	if (info.type != BPF_MAP_TYPE_ARRAY ||
+	    !(info.map_flags & BPF_F_MMAPABLE)) {
+		hybd__err(-EINVAL,
+			  "hybd_bpf_map_mmap: map %s is not an array declared BPF_F_MMAPABLE",
+			  info.name);
+		return NULL;
+	}
+	/* the kernel lays the values out back to back, each rounded to 8 */
+	size = (size_t)info.max_entries * ((info.value_size + 7) & ~7U);
+	size = (size + page - 1) / page * page;
+	p = mmap(NULL, size, info.map_flags & BPF_F_RDONLY_PROG ?
+		 PROT_READ : PROT_READ | PROT_WRITE, MAP_SHARED, map_fd, 0);
+	if (p == MAP_FAILED) {
+		hybd__err(-errno, "hybd_bpf_map_mmap: cannot map %s", info.name);
+		return NULL;
+	}
+	*bytes = size;
+	return p;
 }

@@ -57,7 +57,7 @@ extern "C" {
 #include <stddef.h>
 
 #define HYBD_LIB_VERSION_MAJOR	1
-#define HYBD_LIB_VERSION_MINOR	4
+#define HYBD_LIB_VERSION_MINOR	5
 /* what hybd_lib_version() returns for a given version */
 #define HYBD_LIB_VERSION(major, minor)	(((major) << 16) | (minor))
 
@@ -629,6 +629,21 @@ int hybd_bpf_map_open_pinned(uint32_t dev_id, const char *name);
  */
 int hybd_bpf_map_fill(int map_fd, uint32_t first, uint32_t count,
 		      const void *value);
+
+/*
+ * hybd_bpf_map_mmap - map the values of the array map @map_fd, which the
+ * program declares BPF_F_MMAPABLE, into this process (shared, writable
+ * unless the program's side is read-only), and set *@bytes to the length
+ * to munmap() it with.  The slow path then reads and changes entries with
+ * plain loads and C11 atomics, no system call per change: how it keeps a
+ * HYBD_BLOCK_BITMAP (hybd.bpf.h) of its fast path exact, setting and
+ * clearing bits with atomic_fetch_or() and atomic_fetch_and() on the
+ * 64-bit words.  The mapping keeps the map alive after the program goes.
+ * Since 1.5.
+ * RETURN VALUE: the mapping, or NULL (see hybd_errmsg(): not a map, not an
+ * mmapable array, mmap() failed).
+ */
+void *hybd_bpf_map_mmap(int map_fd, size_t *bytes);
 
 /*
  * Parsing helpers for command lines.
