@@ -86,6 +86,7 @@ examples: lib
 	$(Q)$(MAKE) -C examples/ramdisk
 	$(Q)$(MAKE) -C examples/loop
 	$(Q)$(MAKE) -C examples/dedup
+	$(Q)$(MAKE) -C examples/encrypt
 	$(Q)$(MAKE) -C tests/helpers
 	$(Q)$(MAKE) -C tests/abi
 
@@ -182,6 +183,7 @@ clean:
 	$(Q)$(MAKE) -C examples/ramdisk clean
 	$(Q)$(MAKE) -C examples/loop clean
 	$(Q)$(MAKE) -C examples/dedup clean
+	$(Q)$(MAKE) -C examples/encrypt clean
 	$(Q)$(MAKE) -C tests/helpers clean
 	$(Q)$(MAKE) -C tests/abi clean
 	$(Q)$(MAKE) -C tests/unit clean

@@ -28,6 +28,7 @@ RAMDISK = REPO / "examples" / "ramdisk" / "ramdisk"
 BADSERVER = REPO / "tests" / "helpers" / "badserver"
 DEDUP = REPO / "examples" / "dedup" / "dedup"
 LOOP = REPO / "examples" / "loop" / "hybd-loop"
+ENCRYPT = REPO / "examples" / "encrypt" / "encrypt"
 CONTROL = "/dev/hybd-control"
 KMOD = os.environ.get("HYBD_KMOD", str(REPO / "kmod" / "hybd.ko"))
 

@@ -27,11 +27,12 @@ import time
 from pathlib import Path
 
 import hybd_uapi as uapi
-from hybdlib import BADSERVER, CONTROL, DEDUP, LOOP, RAMDISK
+from hybdlib import BADSERVER, CONTROL, DEDUP, ENCRYPT, LOOP, RAMDISK
 
 PIN_ROOT = Path("/sys/fs/bpf/hybd")
 MODULE = Path("/sys/module/hybd")
-SERVERS = {os.path.realpath(p) for p in (RAMDISK, BADSERVER, DEDUP, LOOP)}
+SERVERS = {os.path.realpath(p)
+           for p in (RAMDISK, BADSERVER, DEDUP, ENCRYPT, LOOP)}
 
 # include/uapi/linux/bpf.h
 NR_BPF = 321                        # x86-64

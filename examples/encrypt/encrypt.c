@@ -1,0 +1,909 @@
+// SPDX-License-Identifier: MIT
+/*
+ * encrypt - an encrypted block device, byte for byte what dm-crypt writes
+ * in plain mode with aes-xts-plain64: the backing store it serves opens
+ * with `cryptsetup open --type plain`, and the other way round.
+ *
+ *   encrypt --key-file FILE|- [--key-size 256|512] [--sector-size 512|4096]
+ *           [--iv-large-sectors] [--allow-discards] [--cache] [--direct]
+ *           [--queues N] [--depth N] [--threads N] [--max-io BYTES]
+ *           [--id N] [--io-timeout SECONDS] [--bpf PROG.bpf.o | --no-fast-path]
+ *           BACKING
+ *
+ * BACKING is a regular file or a block device; the device has its size,
+ * rounded down to 4 KiB.  The key (32 or 64 bytes: AES-128 or AES-256 in
+ * XTS mode, as dm-crypt's key sizes 256 and 512) is read from FILE, or
+ * standard input for "-", and must be exactly that long.  It prints
+ * "ready /dev/hybdN" once the disk exists and serves it until SIGINT or
+ * SIGTERM (or `hybdctl del`).
+ *
+ * Each sector (512 or 4096 bytes, --sector-size) is one XTS data unit
+ * whose tweak is its number as a 64-bit little-endian integer (plain64):
+ * the number of 512-byte sectors before it, or with --iv-large-sectors of
+ * sector-size ones (dm-crypt's iv_large_sectors).  The crypto is OpenSSL's
+ * (libcrypto EVP), one context per handler thread.
+ *
+ * The one difference from dm-crypt: a 4 KiB block that was never written
+ * (a hole of a sparse backing file, or one a discard punched) reads as
+ * zeros here, where dm-crypt returns the decryption of the zeros on disk.
+ * Both halves agree on it: the slow path keeps a bitmap of the holes,
+ * built from the file's holes at start (SEEK_HOLE) and changed by every
+ * write and discard, and shares it with the fast path (encrypt.bpf.c),
+ * which serves reads of holes as zeros in the kernel.  A write of part of
+ * a hole (512-byte sectors) fills the rest of its block with encrypted
+ * zeros, so that the block reads the same both ways afterwards.
+ *
+ * Discard punches holes in the backing file (or discards on a block
+ * device) only with --allow-discards, as dm-crypt: it shows which blocks
+ * are in use.  --cache attaches encrypt-cache.bpf.o, which also keeps
+ * plaintext blocks in a kernel map (README.md: what that costs).
+ *
+ * The key: never on the command line, locked in memory (mlockall, and
+ * its own locked page, kept out of core dumps), wiped when the server
+ * exits, and never printed.
+ */
+#define _GNU_SOURCE
+#include <bpf/bpf.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <linux/fs.h>
+#include <openssl/crypto.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "hybd.h"
+
+#define BLK_SHIFT	12
+#define BLK_SIZE	(1U << BLK_SHIFT)	/* what a hole bit covers */
+#define MAX_IO		(1U << 20)		/* --max-io at most */
+#define MAX_IO_BLOCKS	(MAX_IO / BLK_SIZE + 1)	/* unaligned: +1 */
+#define NR_STRIPES	256			/* locks of hole blocks */
+#define HOLES_MAP	"encrypt_holes"
+
+typedef _Atomic uint64_t bitmap_t;
+
+struct crypt {
+	int fd;				/* the backing store */
+	const char *path;
+	bool is_file;			/* a regular file: holes are tracked */
+	bool allow_discards;
+	uint64_t size;			/* of the device, bytes */
+	uint64_t nr_blocks;		/* 4 KiB blocks */
+	unsigned int sector_size, sector_shift;
+	unsigned int iv_shift;		/* bytes -> IV: 9, or sector_shift */
+	uint32_t max_io;
+
+	const EVP_CIPHER *cipher;
+	unsigned char *key;		/* its own locked page */
+	size_t key_len;
+
+	/*
+	 * Holes, one bit per block: the slow path's (whole device), and
+	 * the fast path's map when it is attached (mapped; @fast_words of
+	 * it cover the device's first blocks).  A bit is set after the
+	 * block became a hole and cleared after the write that filled it,
+	 * in both.
+	 */
+	bitmap_t *holes;
+	bitmap_t *fast;
+	size_t fast_bytes;
+	uint64_t fast_words;
+	pthread_mutex_t stripes[NR_STRIPES];
+
+	const char *bpf_path;
+	bool bpf_required;
+	struct hybd_bpf *bpf;
+
+	_Atomic uint64_t reads, writes, flushes, discards, zero_blocks,
+		padded_blocks, errors;
+};
+
+/* ---- the holes ---- */
+
+static bool hole(const struct crypt *c, uint64_t blk)
+{
+	return atomic_load(&c->holes[blk / 64]) & (1ULL << (blk % 64));
+}
+
+static void hole_set(struct crypt *c, uint64_t blk)
+{
+	uint64_t bit = 1ULL << (blk % 64);
+
+	atomic_fetch_or(&c->holes[blk / 64], bit);
+	if (blk / 64 < c->fast_words)
+		atomic_fetch_or(&c->fast[blk / 64], bit);
+}
+
+/* the fast path's first: it never serves zeros the slow path would not */
+static void hole_clear(struct crypt *c, uint64_t blk)
+{
+	uint64_t bit = 1ULL << (blk % 64);
+
+	if (blk / 64 < c->fast_words)
+		atomic_fetch_and(&c->fast[blk / 64], ~bit);
+	atomic_fetch_and(&c->holes[blk / 64], ~bit);
+}
+
+/*
+ * The holes of the backing file as they are now: every block with no
+ * data in it (SEEK_DATA/SEEK_HOLE).  A file system whose blocks are larger
+ * than ours would allocate a neighbour with a write, and the neighbour
+ * would then read as raw zeros after a restart: no holes there.
+ */
+static int scan_holes(struct crypt *c, blksize_t fs_block)
+{
+	uint64_t words = (c->nr_blocks + 63) / 64, blk;
+	off_t data, end = 0;
+
+	c->holes = calloc(words ? words : 1, sizeof(*c->holes));
+	if (!c->holes)
+		return -ENOMEM;
+	if (!c->is_file)
+		return 0;
+	if (fs_block > BLK_SIZE) {
+		fprintf(stderr, "encrypt: %s: the file system's blocks are %ld bytes, not 4096: holes are not tracked\n",
+			c->path, (long)fs_block);
+		return 0;
+	}
+	for (blk = 0; blk < c->nr_blocks; blk++)
+		c->holes[blk / 64] |= 1ULL << (blk % 64);
+	while ((uint64_t)end < c->size) {
+		data = lseek(c->fd, end, SEEK_DATA);
+		if (data < 0 && errno == ENXIO)
+			break;			/* no data after end */
+		if (data >= 0)
+			end = lseek(c->fd, data, SEEK_HOLE);
+		if (data < 0 || end < 0) {
+			fprintf(stderr, "encrypt: %s: cannot find its holes (%s): none are tracked\n",
+				c->path, strerror(errno));
+			memset(c->holes, 0, words * sizeof(*c->holes));
+			return 0;
+		}
+		for (blk = data >> BLK_SHIFT;
+		     blk < c->nr_blocks && blk << BLK_SHIFT < (uint64_t)end;
+		     blk++)
+			c->holes[blk / 64] &= ~(1ULL << (blk % 64));
+	}
+	return 0;
+}
+
+/* Mark @blk's stripe in @want, a mask of NR_STRIPES bits. */
+static void stripe_want(uint64_t *want, uint64_t blk)
+{
+	unsigned int s = blk % NR_STRIPES;
+
+	want[s / 64] |= 1ULL << (s % 64);
+}
+
+static bool stripe_wanted(const uint64_t *want, uint64_t blk)
+{
+	unsigned int s = blk % NR_STRIPES;
+
+	return want[s / 64] & (1ULL << (s % 64));
+}
+
+/* Lock the stripes set in @want, in order. */
+static void stripes_lock(struct crypt *c, const uint64_t *want)
+{
+	for (unsigned int i = 0; i < NR_STRIPES; i++)
+		if (stripe_wanted(want, i))
+			pthread_mutex_lock(&c->stripes[i]);
+}
+
+static void stripes_unlock(struct crypt *c, const uint64_t *want)
+{
+	for (unsigned int i = NR_STRIPES; i-- > 0; )
+		if (stripe_wanted(want, i))
+			pthread_mutex_unlock(&c->stripes[i]);
+}
+
+/* ---- the crypto ---- */
+
+/* What each handler thread keeps: its contexts and a bounce buffer. */
+struct worker {
+	EVP_CIPHER_CTX *enc, *dec;
+	unsigned char *bounce;		/* max_io + a block on each side */
+};
+
+static pthread_key_t worker_key;
+
+static void worker_free(void *arg)
+{
+	struct worker *w = arg;
+
+	/* EVP_CIPHER_CTX_free() wipes the key schedule */
+	EVP_CIPHER_CTX_free(w->enc);
+	EVP_CIPHER_CTX_free(w->dec);
+	free(w->bounce);
+	free(w);
+}
+
+static struct worker *worker_get(struct crypt *c)
+{
+	struct worker *w = pthread_getspecific(worker_key);
+
+	if (w)
+		return w;
+	w = calloc(1, sizeof(*w));
+	if (!w)
+		return NULL;
+	w->enc = EVP_CIPHER_CTX_new();
+	w->dec = EVP_CIPHER_CTX_new();
+	w->bounce = aligned_alloc(BLK_SIZE, c->max_io + 2 * BLK_SIZE);
+	if (!w->enc || !w->dec || !w->bounce ||
+	    !EVP_CipherInit_ex2(w->enc, c->cipher, c->key, NULL, 1, NULL) ||
+	    !EVP_CipherInit_ex2(w->dec, c->cipher, c->key, NULL, 0, NULL) ||
+	    pthread_setspecific(worker_key, w)) {
+		worker_free(w);
+		return NULL;
+	}
+	return w;
+}
+
+/*
+ * En- or decrypt @len bytes (whole sectors) that belong at byte @off of
+ * the device, from @in to @out (which may be the same).
+ */
+static int xts(const struct crypt *c, EVP_CIPHER_CTX *ctx, uint64_t off,
+	       unsigned char *out, const unsigned char *in, uint32_t len)
+{
+	unsigned char iv[16];
+	uint32_t done;
+	uint64_t n;
+	int outl;
+
+	for (done = 0; done < len; done += c->sector_size) {
+		/* plain64: the sector number, little-endian, zero-padded */
+		n = (off + done) >> c->iv_shift;
+		memset(iv, 0, sizeof(iv));
+		for (int i = 0; i < 8; i++)
+			iv[i] = n >> (8 * i);
+		if (!EVP_CipherInit_ex2(ctx, NULL, NULL, iv, -1, NULL) ||
+		    !EVP_CipherUpdate(ctx, out + done, &outl, in + done,
+				      c->sector_size) ||
+		    outl != (int)c->sector_size)
+			return -EIO;
+	}
+	return 0;
+}
+
+/* ---- the handlers ---- */
+
+static void report(struct crypt *c, const char *what, uint64_t off, int ret)
+{
+	uint64_t n = atomic_fetch_add(&c->errors, 1);
+
+	if (n < 10 || n % 1000 == 0)
+		fprintf(stderr, "encrypt: %s at %" PRIu64 ": %s\n", what, off,
+			strerror(-ret));
+}
+
+static int pread_full(int fd, void *buf, size_t len, uint64_t off)
+{
+	ssize_t n;
+
+	while (len) {
+		n = pread(fd, buf, len, off);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return -errno;
+		if (n == 0)
+			return -EIO;	/* the backing store shrank */
+		buf = (char *)buf + n;
+		len -= n;
+		off += n;
+	}
+	return 0;
+}
+
+static int pwrite_full(int fd, const void *buf, size_t len, uint64_t off,
+		       int flags)
+{
+	struct iovec iov;
+	ssize_t n;
+
+	while (len) {
+		iov.iov_base = (void *)buf;
+		iov.iov_len = len;
+		n = pwritev2(fd, &iov, 1, off, flags);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return -errno;
+		if (n == 0)
+			return -ENOSPC;
+		buf = (const char *)buf + n;
+		len -= n;
+		off += n;
+	}
+	return 0;
+}
+
+static int crypt_read(struct hybd_io *io, void *buf, uint64_t off,
+		      uint32_t len)
+{
+	struct crypt *c = hybd_io_priv(io);
+	struct worker *w = worker_get(c);
+	uint64_t first = off >> BLK_SHIFT, blk;
+	bool holes[MAX_IO_BLOCKS], any_data = false;
+	uint32_t done, n;
+	int ret;
+
+	if (!w)
+		return -ENOMEM;
+	atomic_fetch_add(&c->reads, 1);
+	/*
+	 * Which blocks are holes, before reading: a write that fills one
+	 * now has its data read below, or zeros, never the raw zeros of
+	 * the hole decrypted.
+	 */
+	for (blk = first; blk <= (off + len - 1) >> BLK_SHIFT; blk++) {
+		holes[blk - first] = hole(c, blk);
+		any_data |= !holes[blk - first];
+	}
+	if (any_data) {
+		ret = pread_full(c->fd, buf, len, off);
+		if (ret) {
+			report(c, "read", off, ret);
+			return ret;
+		}
+	}
+	/* runs of sectors: zeros for holes, decrypted data for the rest */
+	for (done = 0; done < len; done += n) {
+		bool is_hole = holes[((off + done) >> BLK_SHIFT) - first];
+
+		n = c->sector_size;
+		while (done + n < len &&
+		       holes[((off + done + n) >> BLK_SHIFT) - first] == is_hole)
+			n += c->sector_size;
+		if (is_hole) {
+			memset((char *)buf + done, 0, n);
+			atomic_fetch_add(&c->zero_blocks,
+					 (n + BLK_SIZE - 1) / BLK_SIZE);
+			continue;
+		}
+		ret = xts(c, w->dec, off + done, (unsigned char *)buf + done,
+			  (unsigned char *)buf + done, n);
+		if (ret) {
+			report(c, "decrypt", off + done, ret);
+			return ret;
+		}
+	}
+	return 0;
+}
+
+/*
+ * A write.  Blocks that are holes are filled under their stripe's lock:
+ * the parts of them the write does not cover are written as encrypted
+ * zeros (what they read as), so that two writes into one hole, or a write
+ * racing with the fill, cannot undo each other.  Other blocks need no lock.
+ */
+static int crypt_write(struct hybd_io *io, const void *buf, uint64_t off,
+		       uint32_t len)
+{
+	static const unsigned char zeros[BLK_SIZE];
+	struct crypt *c = hybd_io_priv(io);
+	struct worker *w = worker_get(c);
+	uint64_t first = off >> BLK_SHIFT, last = (off + len - 1) >> BLK_SHIFT;
+	uint64_t want[NR_STRIPES / 64] = { 0 }, start = off, end = off + len;
+	uint64_t blk, pos;
+	int flags = hybd_io_flags(io) & HYBD_IO_F_FUA ? RWF_DSYNC : 0;
+	bool locked = false;
+	int ret;
+
+	if (!w)
+		return -ENOMEM;
+	atomic_fetch_add(&c->writes, 1);
+	for (blk = first; blk <= last; blk++) {
+		if (hole(c, blk)) {
+			stripe_want(want, blk);
+			locked = true;
+		}
+	}
+	if (locked) {
+		stripes_lock(c, want);
+		/* only a block that is still a hole under its lock is padded */
+		if (off % BLK_SIZE && hole(c, first))
+			start = first << BLK_SHIFT;
+		if (end % BLK_SIZE && hole(c, last))
+			end = (last + 1) << BLK_SHIFT;
+	}
+	for (pos = start; pos < end; pos += c->sector_size) {
+		const unsigned char *in = pos < off || pos >= off + len ?
+			zeros : (const unsigned char *)buf + (pos - off);
+
+		ret = xts(c, w->enc, pos, w->bounce + (pos - start), in,
+			  c->sector_size);
+		if (ret) {
+			report(c, "encrypt", pos, ret);
+			goto out;
+		}
+	}
+	ret = pwrite_full(c->fd, w->bounce, end - start, start, flags);
+	if (ret) {
+		report(c, "write", start, ret);
+		goto out;
+	}
+	if (locked) {
+		/* the holes whose lock we hold (a discard takes it too) */
+		for (blk = first; blk <= last; blk++)
+			if (stripe_wanted(want, blk) && hole(c, blk))
+				hole_clear(c, blk);
+		atomic_fetch_add(&c->padded_blocks, (off - start ? 1 : 0) +
+				 (end - (off + len) ? 1 : 0));
+	}
+out:
+	if (locked)
+		stripes_unlock(c, want);
+	return ret;
+}
+
+static int crypt_flush(struct hybd_io *io)
+{
+	struct crypt *c = hybd_io_priv(io);
+
+	atomic_fetch_add(&c->flushes, 1);
+	if (fdatasync(c->fd)) {
+		report(c, "flush", 0, -errno);
+		return -errno;
+	}
+	return 0;
+}
+
+/*
+ * --allow-discards: a file gets the whole blocks of the range punched out
+ * (holes, then, for both halves); what a discard leaves in the partial
+ * blocks at its ends is undefined, so they keep their data.  A block
+ * device is asked to discard the range.
+ */
+static int crypt_discard(struct hybd_io *io, uint64_t off, uint32_t len)
+{
+	struct crypt *c = hybd_io_priv(io);
+	uint64_t first = (off + BLK_SIZE - 1) >> BLK_SHIFT;
+	uint64_t end = (off + len) >> BLK_SHIFT, blk;
+	uint64_t want[NR_STRIPES / 64] = { 0 }, range[2] = { off, len };
+	int ret = 0;
+
+	atomic_fetch_add(&c->discards, 1);
+	if (!c->is_file) {
+		if (ioctl(c->fd, BLKDISCARD, range))
+			ret = -errno;
+		goto out;
+	}
+	if (first >= end)
+		return 0;
+	if (end - first >= NR_STRIPES)
+		memset(want, 0xff, sizeof(want));
+	else
+		for (blk = first; blk < end; blk++)
+			stripe_want(want, blk);
+	stripes_lock(c, want);
+	if (fallocate(c->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+		      first << BLK_SHIFT, (end - first) << BLK_SHIFT))
+		ret = -errno;
+	else
+		for (blk = first; blk < end; blk++)
+			hole_set(c, blk);
+	stripes_unlock(c, want);
+out:
+	if (ret)
+		report(c, "discard", off, ret);
+	return ret;
+}
+
+/* ---- the fast path ---- */
+
+/*
+ * Attach the program and hand it the holes, before the device starts;
+ * from here on every change is made to its bitmap too.
+ */
+static int attach_fast_path(struct crypt *c, struct hybd_dev *dev)
+{
+	struct bpf_map_info info = { 0 };
+	uint32_t len = sizeof(info);
+	uint64_t words = (c->nr_blocks + 63) / 64, i;
+	int ret, fd;
+
+	ret = hybd_bpf_attach(hybd_dev_id(dev), c->bpf_path, HYBD_BPF_F_PIN,
+			      &c->bpf);
+	if (ret) {
+		fprintf(stderr, "encrypt: %s: %s\n", c->bpf_path, hybd_errmsg());
+		return ret;
+	}
+	fd = hybd_bpf_map_fd(c->bpf, HOLES_MAP);
+	if (fd < 0 || bpf_map_get_info_by_fd(fd, &info, &len)) {
+		fprintf(stderr, "encrypt: %s has no map %s: not encrypt's fast path\n",
+			c->bpf_path, HOLES_MAP);
+		ret = -ENOENT;
+		goto fail;
+	}
+	c->fast = hybd_bpf_map_mmap(fd, &c->fast_bytes);
+	if (!c->fast) {
+		fprintf(stderr, "encrypt: %s\n", hybd_errmsg());
+		ret = -EINVAL;
+		goto fail;
+	}
+	if (words > info.max_entries) {
+		fprintf(stderr, "encrypt: %s covers the first %" PRIu64
+			" MiB of the device: holes past them are read by the slow path\n",
+			HOLES_MAP, (uint64_t)info.max_entries * 64 * BLK_SIZE >> 20);
+		words = info.max_entries;
+	}
+	for (i = 0; i < words; i++)
+		atomic_store(&c->fast[i], atomic_load(&c->holes[i]));
+	c->fast_words = words;
+	return 0;
+fail:
+	hybd_bpf_detach(c->bpf);
+	c->bpf = NULL;
+	return ret;
+}
+
+static void detach_fast_path(struct crypt *c)
+{
+	c->fast_words = 0;
+	if (c->fast)
+		munmap((void *)c->fast, c->fast_bytes);
+	c->fast = NULL;
+	if (c->bpf)
+		hybd_bpf_detach(c->bpf);
+	c->bpf = NULL;
+}
+
+static int crypt_prepare(struct hybd_dev *dev)
+{
+	struct crypt *c = hybd_dev_priv(dev);
+	int ret;
+
+	if (!c->bpf_path)
+		return 0;
+	ret = attach_fast_path(c, dev);
+	return c->bpf_required ? ret : 0;
+}
+
+static void crypt_ready(struct hybd_dev *dev)
+{
+	struct crypt *c = hybd_dev_priv(dev);
+
+	printf("fast path %s\n", c->bpf ? c->bpf_path : "off");
+	printf("dm-crypt: cryptsetup open --type plain --cipher aes-xts-plain64 --key-size %zu%s%s --key-file KEYFILE %s NAME\n",
+	       c->key_len * 8,
+	       c->sector_size == 512 ? "" : " --sector-size 4096",
+	       c->sector_size != 512 && c->iv_shift != 9 ?
+	       " --iv-large-sectors" : "", c->path);
+	printf("ready %s\n", hybd_dev_path(dev));
+	fflush(stdout);
+}
+
+/* ---- the key ---- */
+
+/*
+ * Read exactly @c->key_len bytes from @path ("-": standard input) into a
+ * page of their own, locked and kept out of core dumps.
+ */
+static int read_key(struct crypt *c, const char *path)
+{
+	long page = sysconf(_SC_PAGESIZE);
+	size_t got = 0;
+	ssize_t n;
+	int fd;
+
+	c->key = mmap(NULL, page, PROT_READ | PROT_WRITE,
+		      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (c->key == MAP_FAILED) {
+		c->key = NULL;
+		fprintf(stderr, "encrypt: no memory for the key\n");
+		return -1;
+	}
+	if (mlock(c->key, page) || madvise(c->key, page, MADV_DONTDUMP)) {
+		fprintf(stderr, "encrypt: cannot lock the key in memory: %s\n",
+			strerror(errno));
+		return -1;
+	}
+	fd = strcmp(path, "-") ? open(path, O_RDONLY | O_CLOEXEC) : 0;
+	if (fd < 0) {
+		fprintf(stderr, "encrypt: key file %s: %s\n", path,
+			strerror(errno));
+		return -1;
+	}
+	/* one byte more than the key: a longer file is an error */
+	while (got <= c->key_len) {
+		n = read(fd, c->key + got, c->key_len + 1 - got);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;
+		got += n;
+	}
+	if (n < 0)
+		fprintf(stderr, "encrypt: key file %s: %s\n", path,
+			strerror(errno));
+	if (fd)
+		close(fd);
+	if (n < 0)
+		return -1;
+	if (got != c->key_len) {
+		fprintf(stderr, "encrypt: key file %s: %s%zu bytes, --key-size %zu needs exactly %zu\n",
+			path, got > c->key_len ? "more than " : "",
+			got > c->key_len ? c->key_len : got, c->key_len * 8,
+			c->key_len);
+		return -1;
+	}
+	return 0;
+}
+
+static void wipe_key(struct crypt *c)
+{
+	long page = sysconf(_SC_PAGESIZE);
+
+	if (!c->key)
+		return;
+	OPENSSL_cleanse(c->key, page);
+	munlock(c->key, page);
+	munmap(c->key, page);
+	c->key = NULL;
+}
+
+/* OpenSSL takes the key?  (XTS refuses one whose two halves are equal.) */
+static int check_key(struct crypt *c)
+{
+	EVP_CIPHER_CTX *ctx = EVP_CIPHER_CTX_new();
+	int ok = ctx && EVP_CipherInit_ex2(ctx, c->cipher, c->key, NULL, 1,
+					   NULL);
+
+	EVP_CIPHER_CTX_free(ctx);
+	if (ok)
+		return 0;
+	ERR_clear_error();
+	fprintf(stderr, "encrypt: OpenSSL refuses the key for %s%s\n",
+		EVP_CIPHER_get0_name(c->cipher),
+		CRYPTO_memcmp(c->key, c->key + c->key_len / 2, c->key_len / 2) ?
+		"" : " (its two halves are equal, which XTS forbids)");
+	return -1;
+}
+
+/* ---- the command ---- */
+
+static const char usage[] =
+	"usage: encrypt --key-file FILE|- [--key-size 256|512] [--sector-size 512|4096]\n"
+	"               [--iv-large-sectors] [--allow-discards] [--cache] [--direct]\n"
+	"               [--queues N] [--depth N] [--threads N] [--max-io BYTES] [--id N]\n"
+	"               [--io-timeout SECONDS] [--bpf PROG.bpf.o | --no-fast-path]\n"
+	"               BACKING\n";
+
+static uint64_t number(const char *name, const char *s)
+{
+	uint64_t v;
+
+	if (hybd_parse_size(s, &v)) {
+		fprintf(stderr, "encrypt: --%s %s: %s\n", name, s,
+			hybd_errmsg());
+		exit(2);
+	}
+	return v;
+}
+
+/* @name next to this program, if it is there */
+static char *next_to_me(const char *name)
+{
+	static char path[PATH_MAX];
+	ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 64);
+	char *slash;
+
+	if (n <= 0)
+		return NULL;
+	path[n] = 0;
+	slash = strrchr(path, '/');
+	strcpy(slash ? slash + 1 : path, name);
+	return access(path, R_OK) ? NULL : path;
+}
+
+/* Open the backing store and size the device from it. */
+static int open_backing(struct crypt *c, bool direct)
+{
+	struct stat st;
+	uint64_t bytes;
+
+	c->fd = open(c->path, O_RDWR | O_CLOEXEC | (direct ? O_DIRECT : 0));
+	if (c->fd < 0 || fstat(c->fd, &st)) {
+		fprintf(stderr, "encrypt: %s: %s\n", c->path, strerror(errno));
+		return -1;
+	}
+	if (S_ISREG(st.st_mode)) {
+		c->is_file = true;
+		bytes = st.st_size;
+	} else if (S_ISBLK(st.st_mode)) {
+		if (ioctl(c->fd, BLKGETSIZE64, &bytes)) {
+			fprintf(stderr, "encrypt: %s: %s\n", c->path,
+				strerror(errno));
+			return -1;
+		}
+	} else {
+		fprintf(stderr, "encrypt: %s: not a regular file or a block device\n",
+			c->path);
+		return -1;
+	}
+	c->size = bytes & ~(uint64_t)(BLK_SIZE - 1);
+	if (!c->size) {
+		fprintf(stderr, "encrypt: %s: smaller than 4 KiB\n", c->path);
+		return -1;
+	}
+	if (c->size != bytes)
+		fprintf(stderr, "encrypt: %s: serving its first %" PRIu64
+			" bytes (a multiple of 4 KiB)\n", c->path, c->size);
+	c->nr_blocks = c->size >> BLK_SHIFT;
+	if (scan_holes(c, st.st_blksize)) {
+		fprintf(stderr, "encrypt: no memory for the hole bitmap\n");
+		return -1;
+	}
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "key-file", required_argument, NULL, 'k' },
+		{ "key-size", required_argument, NULL, 'K' },
+		{ "sector-size", required_argument, NULL, 's' },
+		{ "iv-large-sectors", no_argument, NULL, 'L' },
+		{ "allow-discards", no_argument, NULL, 'D' },
+		{ "cache", no_argument, NULL, 'C' },
+		{ "direct", no_argument, NULL, 'O' },
+		{ "queues", required_argument, NULL, 'q' },
+		{ "depth", required_argument, NULL, 'd' },
+		{ "threads", required_argument, NULL, 'T' },
+		{ "max-io", required_argument, NULL, 'm' },
+		{ "id", required_argument, NULL, 'i' },
+		{ "io-timeout", required_argument, NULL, 't' },
+		{ "bpf", required_argument, NULL, 'b' },
+		{ "no-fast-path", no_argument, NULL, 'n' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	struct hybd_driver drv = {
+		.read		= crypt_read,
+		.write		= crypt_write,
+		.flush		= crypt_flush,
+		.prepare	= crypt_prepare,
+		.ready		= crypt_ready,
+	};
+	struct crypt c = { .fd = -1 };
+	const char *key_file = NULL;
+	uint64_t key_bits = 512, sector = 512;
+	bool iv_large = false, cache = false, direct = false, fast = true;
+	struct hybd_config cfg;
+	int opt, i = 0, ret;
+
+	hybd_config_init(&cfg);
+	while ((opt = getopt_long(argc, argv, "h", opts, &i)) != -1) {
+		const char *name = opts[i].name;
+
+		switch (opt) {
+		case 'k': key_file = optarg; break;
+		case 'K': key_bits = number(name, optarg); break;
+		case 's': sector = number(name, optarg); break;
+		case 'L': iv_large = true; break;
+		case 'D': c.allow_discards = true; break;
+		case 'C': cache = true; break;
+		case 'O': direct = true; break;
+		case 'q': cfg.nr_queues = number(name, optarg); break;
+		case 'd': cfg.queue_depth = number(name, optarg); break;
+		case 'T': cfg.queue_threads = number(name, optarg); break;
+		case 'm': cfg.max_io_bytes = number(name, optarg); break;
+		case 'i': cfg.dev_id = number(name, optarg); break;
+		case 't': cfg.io_timeout = number(name, optarg); break;
+		case 'b': c.bpf_path = optarg; c.bpf_required = true; break;
+		case 'n': fast = false; break;
+		case 'h': fputs(usage, stdout); return 0;
+		default: fputs(usage, stderr); return 2;
+		}
+	}
+	if (optind != argc - 1) {
+		fputs(usage, stderr);
+		return 2;
+	}
+	c.path = argv[optind];
+	if (!key_file) {
+		fprintf(stderr, "encrypt: --key-file FILE (or - for standard input) is required: keys never come from the command line\n");
+		return 2;
+	}
+	if (key_bits != 256 && key_bits != 512) {
+		fprintf(stderr, "encrypt: --key-size %" PRIu64 ": aes-xts-plain64 takes 256 (AES-128) or 512 (AES-256)\n",
+			key_bits);
+		return 2;
+	}
+	if (sector != 512 && sector != 4096) {
+		fprintf(stderr, "encrypt: --sector-size %" PRIu64 ": 512 or 4096\n",
+			sector);
+		return 2;
+	}
+	if (iv_large && sector == 512)
+		iv_large = false;	/* the same thing */
+	if (cfg.max_io_bytes > MAX_IO || cfg.max_io_bytes < sector) {
+		fprintf(stderr, "encrypt: --max-io %u: %" PRIu64 " to %u bytes\n",
+			cfg.max_io_bytes, sector, MAX_IO);
+		return 2;
+	}
+	if (!fast && c.bpf_required) {
+		fprintf(stderr, "encrypt: --bpf and --no-fast-path contradict each other\n");
+		return 2;
+	}
+	if (fast && !c.bpf_path) {
+		const char *obj = cache ? "encrypt-cache.bpf.o" : "encrypt.bpf.o";
+
+		c.bpf_path = next_to_me(obj);
+		if (!c.bpf_path)
+			fprintf(stderr, "encrypt: no %s next to this program: no fast path\n",
+				obj);
+		if (!c.bpf_path && cache)
+			return 1;	/* asked for, not there */
+	}
+	if (!fast)
+		c.bpf_path = NULL;
+
+	/* nothing of the key may reach swap or a core dump */
+	prctl(PR_SET_DUMPABLE, 0);
+	if (mlockall(MCL_CURRENT | MCL_FUTURE | MCL_ONFAULT)) {
+		fprintf(stderr, "encrypt: cannot lock memory (mlockall): %s\n",
+			strerror(errno));
+		return 1;
+	}
+	c.key_len = key_bits / 8;
+	c.cipher = key_bits == 256 ? EVP_aes_128_xts() : EVP_aes_256_xts();
+	c.sector_size = sector;
+	c.sector_shift = sector == 512 ? 9 : 12;
+	c.iv_shift = iv_large ? c.sector_shift : 9;
+	c.max_io = cfg.max_io_bytes;
+	ret = 1;
+	if (read_key(&c, key_file) || check_key(&c) || open_backing(&c, direct))
+		goto out;
+	for (i = 0; i < NR_STRIPES; i++)
+		pthread_mutex_init(&c.stripes[i], NULL);
+	if (pthread_key_create(&worker_key, worker_free)) {
+		fprintf(stderr, "encrypt: pthread_key_create failed\n");
+		goto out;
+	}
+
+	cfg.size = c.size;
+	cfg.logical_block_size = sector;
+	cfg.physical_block_size = BLK_SIZE;
+	if (c.allow_discards) {
+		drv.discard = crypt_discard;
+		cfg.discard_granularity = c.is_file ? BLK_SIZE : sector;
+	}
+	ret = hybd_run(&cfg, &drv, &c) ? 1 : 0;
+	if (ret)
+		fprintf(stderr, "encrypt: %s\n", hybd_errmsg());
+	detach_fast_path(&c);
+	if (fdatasync(c.fd) && !ret) {
+		fprintf(stderr, "encrypt: %s: %s\n", c.path, strerror(errno));
+		ret = 1;
+	}
+	fprintf(stderr, "encrypt: reads=%" PRIu64 " writes=%" PRIu64
+		" flushes=%" PRIu64 " discards=%" PRIu64 " zero_blocks=%" PRIu64
+		" padded_blocks=%" PRIu64 " errors=%" PRIu64 "\n",
+		c.reads, c.writes, c.flushes, c.discards, c.zero_blocks,
+		c.padded_blocks, c.errors);
+out:
+	wipe_key(&c);
+	if (c.fd >= 0)
+		close(c.fd);
+	free(c.holes);
+	return ret;
+}
