@@ -22,6 +22,18 @@ ratios:
                duplicates of 16 blocks, a third unique
   ddfast       the same with its fast path (dedup.bpf.o), warm: holes
                from its exact map, the rest from its cache
+  encslow      examples/encrypt (AES-256-XTS, 512-byte sectors) over a
+               sparse file, --no-fast-path, over the same mix (the
+               never-written third are holes of the file)
+  encfast      the same with its fast path (encrypt.bpf.o): holes in the
+               kernel, the rest decrypted by the slow path
+  enccache     the same with --cache (encrypt-cache.bpf.o), warm
+  dmcrypt      dm-crypt, plain mode with the same cipher and key, on a loop
+               device over the encslow line's backing file (or a file of
+               its own, written the same way, without that line)
+
+The encrypt lines and dmcrypt are also measured reading 128 KiB
+sequentially (io_uring, QD8: MiB/s).
 
 Each line is measured at QD1 (psync: mean, p50, p99, p99.9 completion
 latency) and QD32 (io_uring: IOPS), --samples times, the lines interleaved
@@ -63,6 +75,7 @@ HYBDCTL = REPO / "tools" / "hybdctl"
 RAMDISK = REPO / "examples" / "ramdisk" / "ramdisk"
 LOOP = REPO / "examples" / "loop" / "hybd-loop"
 DEDUP = REPO / "examples" / "dedup" / "dedup"
+ENCRYPT = REPO / "examples" / "encrypt" / "encrypt"
 BPF_DIR = REPO / "bpf"
 CONTROL = "/dev/hybd-control"
 KMOD = Path(os.environ.get("HYBD_KMOD", REPO / "kmod" / "hybd.ko"))
@@ -71,6 +84,9 @@ BS = 4096
 QD32 = 32
 NULLB_DEV = "/dev/nullb0"
 NBD_DEV = "/dev/nbd0"
+DM_NAME = "hybdbench"
+SEQ_BS = 128 << 10
+SEQ_QD = 8
 
 # key -> (label, hybd ramdisk setup or None)
 #   prog: bpf/<prog>.bpf.o attached; data: region written before measuring;
@@ -98,8 +114,20 @@ LINES = {
     "ddfast": ("dedup + fast path",
                dict(prog=None, data="mix", poll_ns=0, fast=True,
                     server="dedup")),
+    "encslow": ("encrypt, no fast path",
+                dict(prog=None, data="mix", poll_ns=0, fast=False,
+                     server="encrypt", flags=["--no-fast-path"])),
+    "encfast": ("encrypt + fast path",
+                dict(prog=None, data="mix", poll_ns=0, fast=False,
+                     server="encrypt", flags=[])),
+    "enccache": ("encrypt + cache",
+                 dict(prog=None, data="mix", poll_ns=0, fast=True,
+                      server="encrypt", flags=["--cache"])),
+    "dmcrypt": ("dm-crypt (plain, loop)", None),
 }
-MODES = ("qd1", "qd32")
+MODES = ("qd1", "qd32", "seq")
+# the lines measured in "seq" (128 KiB sequential reads) too
+SEQ_LINES = ("encslow", "encfast", "enccache", "dmcrypt")
 
 # (what, line, reference, metric, limit): line/reference of the metric's
 # median must be <= limit (metric qd1_iops: >= limit)
@@ -379,7 +407,8 @@ class Line:
         self.label, self.hybd = LINES[key]
         self.dev = None
         self.info = {}          # how it was set up, for bench.json
-        self.runs = {m: [] for m in MODES}
+        self.modes = MODES if key in SEQ_LINES else MODES[:2]
+        self.runs = {m: [] for m in self.modes}
         self.error = None       # why it could not be set up
         self.stats = None       # hybd counters after the last fio run
 
@@ -515,6 +544,14 @@ def setup_hybd(line, ctx):
         if not os.access(LOOP, os.X_OK):
             raise BenchError(f"{LOOP} is not built (make examples)")
         server = Ramdisk([*args, backing_file(ctx, "hloop.img")], exe=LOOP)
+    elif spec.get("server") == "encrypt":
+        if not os.access(ENCRYPT, os.X_OK):
+            raise BenchError(f"{ENCRYPT} is not built (make examples)")
+        backing = backing_file(ctx, f"{line.key}.img")
+        if line.key == "encslow":
+            ctx.enc_backing = backing
+        server = Ramdisk(["--key-file", bench_key(ctx), *spec["flags"],
+                          backing], exe=ENCRYPT)
     elif spec.get("server") == "dedup":
         if not os.access(DEDUP, os.X_OK):
             raise BenchError(f"{DEDUP} is not built (make examples)")
@@ -557,13 +594,53 @@ def setup_hybd(line, ctx):
                 "reads were served by the fast path")
 
 
-SETUP = {"nullblk": setup_nullblk, "nbd": setup_nbd, "kloop": setup_kloop}
+def bench_key(ctx):
+    """The key of the encrypt lines and dm-crypt: 64 random bytes."""
+    path = os.path.join(ctx.tmp, "bench.key")
+    if not os.path.exists(path):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(os.urandom(64))
+    return path
+
+
+def setup_dmcrypt(line, ctx):
+    if not shutil.which("cryptsetup"):
+        raise BenchError("cryptsetup is not installed (make guest-deps)")
+    backing = ctx.enc_backing
+    fill = backing is None
+    if fill:
+        backing = backing_file(ctx, "dmcrypt.img")
+    if not module_loaded("loop"):
+        run(["modprobe", "loop"])
+        ctx.cleanup.push("rmmod loop", run, ["modprobe", "-r", "loop"])
+        wait_until(lambda: os.path.exists("/dev/loop-control"), 10,
+                   "/dev/loop-control")
+    loop = run(["losetup", "--find", "--show", backing]).stdout.strip()
+    ctx.cleanup.push(f"losetup -d {loop}", run, ["losetup", "-d", loop])
+    cmd = ["cryptsetup", "open", "--type", "plain", "--cipher",
+           "aes-xts-plain64", "--key-size", "512", "--key-file",
+           bench_key(ctx), loop, DM_NAME]
+    run(cmd)
+    ctx.cleanup.push("cryptsetup close", run, ["cryptsetup", "close", DM_NAME])
+    dev = os.path.realpath(f"/dev/mapper/{DM_NAME}")
+    if fill:
+        fill_mix(dev, ctx.args.region)
+    line.dev = dev
+    line.info = {"setup": " ".join(cmd), "backing": backing, "loop": loop,
+                 "shared_with_encslow": not fill}
+
+
+SETUP = {"nullblk": setup_nullblk, "nbd": setup_nbd, "kloop": setup_kloop,
+         "dmcrypt": setup_dmcrypt}
 
 
 def no_scheduler(dev):
     """Every line without an I/O scheduler: single-queue devices (nbd) get
     mq-deadline by default, multi-queue ones none.  Returns the setting."""
     path = Path(f"/sys/block/{os.path.basename(dev)}/queue/scheduler")
+    if read_text(str(path)) in (None, "none"):
+        return "none"           # bio-based (dm): no scheduler at all
     try:
         path.write_text("none")
         now = path.read_text()
@@ -576,8 +653,10 @@ def no_scheduler(dev):
 # -------------------------------------------------------------------- fio ---
 
 def fio_cmd(dev, mode, args, runtime=None):
+    seq = mode == "seq"
     cmd = ["fio", "--output-format=json", "--name=" + mode,
-           "--filename=" + dev, "--rw=randread", f"--bs={BS}", "--direct=1",
+           "--filename=" + dev, "--rw=" + ("read" if seq else "randread"),
+           f"--bs={SEQ_BS if seq else BS}", "--direct=1",
            "--size=" + str(args.region), "--offset=0", "--time_based",
            f"--runtime={runtime or args.runtime}", "--norandommap",
            "--randrepeat=0",
@@ -587,6 +666,8 @@ def fio_cmd(dev, mode, args, runtime=None):
            "--thread", "--disk_util=0"]
     if mode == "qd1":
         cmd += ["--ioengine=psync", "--iodepth=1"]
+    elif seq:
+        cmd += ["--ioengine=" + args.qd32_engine, f"--iodepth={SEQ_QD}"]
     else:
         cmd += ["--ioengine=" + args.qd32_engine, f"--iodepth={QD32}"]
     return cmd
@@ -613,6 +694,7 @@ def parse_fio(text):
     return {"mean_us": clat["mean"] / 1e3, "p50_us": p(50), "p99_us": p(99),
             "p999_us": p(99.9), "max_us": clat["max"] / 1e3,
             "iops": rd["iops"], "ios": rd["total_ios"],
+            "mib_s": rd["bw_bytes"] / (1 << 20),
             "runtime_ms": rd["runtime"]}
 
 
@@ -653,7 +735,9 @@ def summarize(line):
                                        "p999_us")}
     s["qd1_iops"] = 1e6 / s["mean_us"] if s["mean_us"] else None
     s["qd32_iops"] = median_of(q32, "iops")
-    s["samples"] = [sum("error" not in r for r in runs) for runs in (q1, q32)]
+    s["seq_mib_s"] = median_of(line.runs.get("seq", []), "mib_s")
+    s["samples"] = [sum("error" not in r for r in runs)
+                    for runs in line.runs.values()]
     if line.hybd:
         s["fast_share"] = median_of(q1 + q32, "fast_share")
     return s
@@ -751,6 +835,24 @@ def print_table(lines, summary, targets, args):
             print(f"{name} / kernel loop: QD1 mean "
                   f"{rat(ratio(d['mean_us'], kl['mean_us'])).strip()}, "
                   f"QD32 IOPS {rat(ratio(d['qd32_iops'], kl['qd32_iops'])).strip()}")
+    dm = summary.get("dmcrypt")
+    enc = [(k, summary.get(k)) for k in ("encslow", "encfast", "enccache")]
+    if dm and any(e for _, e in enc):
+        print(f"encrypt next to dm-crypt (128 KiB sequential reads: "
+              f"{args.qd32_engine}, QD{SEQ_QD}):")
+        print(f"  {'line':<24} {'QD1 mean':>9} {'/dm':>7} | {'QD32 IOPS':>9}"
+              f" {'/dm':>7} | {'seq MiB/s':>9} {'/dm':>7} | {'fast':>6}")
+        for k, e in [("dmcrypt", dm)] + enc:
+            if not e:
+                continue
+            fast = fmt_pct(e["fast_share"]) if lines[k].hybd else ""
+            print(f"  {lines[k].label:<24} {num(e['mean_us'], 9)}"
+                  f" {rat(ratio(e['mean_us'], dm['mean_us']))}"
+                  f" | {num(e['qd32_iops'], 9, 0)}"
+                  f" {rat(ratio(e['qd32_iops'], dm['qd32_iops']))}"
+                  f" | {num(e['seq_mib_s'], 9)}"
+                  f" {rat(ratio(e['seq_mib_s'], dm['seq_mib_s']))}"
+                  f" | {fast:>6}")
     print()
     print("targets:")
     for t in targets:
@@ -912,6 +1014,7 @@ class Context:
         self.args = args
         self.tmp = tmp
         self.cleanup = Cleanup()
+        self.enc_backing = None     # the encslow line's, for dmcrypt
 
 
 def measure(lines, args):
@@ -927,12 +1030,14 @@ def measure(lines, args):
                 fio_run(line, "qd1", args, runtime=args.warmup)
             except BenchError as e:
                 say(f"warm-up {line.key}: {e}")
-    total = args.samples * len(MODES) * len(live)
     n = 0
+    total = args.samples * sum(len(ln.modes) for ln in live)
     for rnd in range(args.samples):
         first = rnd % len(live)
         for mode in MODES:
             for line in live[first:] + live[:first]:
+                if mode not in line.modes:
+                    continue
                 n += 1
                 try:
                     r = fio_run(line, mode, args)
@@ -949,6 +1054,8 @@ def measure(lines, args):
                 if mode == "qd1":
                     what = (f"mean {r['mean_us']:8.1f} us  p99 "
                             f"{r['p99_us']:8.1f} us")
+                elif mode == "seq":
+                    what = f"{r['mib_s']:8.1f} MiB/s"
                 else:
                     what = f"{r['iops']:10.0f} IOPS"
                 say(f"[{n:3}/{total}] round {rnd + 1} {mode:4} "
@@ -1028,7 +1135,8 @@ def main():
                       "qd32_engine": args.qd32_engine, "qd32": QD32,
                       "ramdisk_size": args.ramdisk_size,
                       "fio_qd1": fio_cmd("DEV", "qd1", args),
-                      "fio_qd32": fio_cmd("DEV", "qd32", args)},
+                      "fio_qd32": fio_cmd("DEV", "qd32", args),
+                      "fio_seq": fio_cmd("DEV", "seq", args)},
            "lines": {k: {"label": ln.label, "device": ln.dev,
                          "setup": ln.info, "error": ln.error,
                          "runs": ln.runs, "median": summary.get(k)}
