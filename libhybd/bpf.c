@@ -1194,6 +1194,10 @@ void *hybd_bpf_map_mmap(int map_fd, size_t *bytes)
 	size_t size;
 	void *p;
 
+	if (!bytes) {
+		hybd__err(-EINVAL, "hybd_bpf_map_mmap: bytes is NULL");
+		return NULL;
+	}
 	memset(&info, 0, sizeof(info));
 	if (bpf_map_get_info_by_fd(map_fd, &info, &len)) {
 		hybd__err(-errno, "hybd_bpf_map_mmap: fd %d is not a map",

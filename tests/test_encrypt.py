@@ -15,15 +15,20 @@ sets up itself.
 import hashlib
 import os
 import re
+import random
+import resource
 import shutil
+import signal
 import subprocess
+import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from hybdlib import (ENCRYPT, REPO, T_IO, device_ids, direct_read,
-                     direct_write, fio, first_difference, info,
+                     direct_write, fio, first_difference, hybdctl, info,
                      io_uring_usable, need_built, pattern, run, wait_for)
 from test_dedup import (QUEUES, CPUS, JOBS, STALE_CHECK, STALE_KEYS, STALE_RE,
                         STALE_SECONDS, digest_tree, flush, make_tree, tool)
@@ -279,8 +284,11 @@ def test_encrypt_fio_verify_random_rw_over_two_queues(enc, tmp_path, fast,
     srv.stop()
 
 
+@pytest.mark.parametrize("read_blocks", [1, 8])
 def test_encrypt_cache_serves_no_stale_read_under_overlapping_writes(
-        enc, tmp_path):
+        enc, tmp_path, read_blocks):
+    """The stale-read stress on the plaintext cache, with 4 KiB reads and
+    with 32 KiB ones (one stamp for 8 blocks: hybd_ver_stamp_blocks())."""
     need_built(STALE_CHECK, "tests/helpers/stale_check")
     backing = sparse(tmp_path / "backing", 16 * MiB)
     key = tmp_path / "key"
@@ -289,14 +297,16 @@ def test_encrypt_cache_serves_no_stale_read_under_overlapping_writes(
                     fast="cache")
     before = info(srv.dev)["stats"]
     res = run([STALE_CHECK, srv.dev, "--blocks", "32", "--writers", "2",
-               "--readers", "2", "--seconds", str(STALE_SECONDS)],
+               "--readers", "2", "--seconds", str(STALE_SECONDS),
+               "--read-blocks", str(read_blocks)],
               timeout=STALE_SECONDS + 120)
     out = res.stdout + res.stderr
     m = STALE_RE.search(res.stdout)
     assert m, f"stale_check: exit {res.returncode}, no result line:\n{out}"
     c = dict(zip(STALE_KEYS, map(int, m.groups()[:6])))
     fast = info(srv.dev)["stats"]["fast_done"] - before["fast_done"]
-    print(f"stale_check (cache): {c}, fast reads {fast}")
+    print(f"stale_check (cache, {read_blocks} blocks a read): {c}, "
+          f"fast reads {fast}")
     assert c["errors"] == 0, out
     assert c["stale"] == 0, f"the device returned stale data:\n{out}"
     assert c["corrupt"] == 0, out
@@ -365,6 +375,61 @@ def test_encrypt_holes_read_as_zeros_in_the_kernel_after_a_restart(
     srv.stop()
     with dm_crypt(backing, key, 256, 512, False) as mapper:
         assert direct_read(mapper, 500 * BLOCK, BLOCK) == want
+
+
+def test_encrypt_concurrent_sector_writes_into_holes_all_land(enc, tmp_path):
+    """8 threads write distinct 512-byte sectors of the same fresh holes at
+    once, in random order: each write pads its block with encrypted zeros
+    if it finds it a hole, so without the stripe locks one would undo
+    another.  Every sector reads back as written, here, after a restart,
+    and through dm-crypt."""
+    size = 8 * MiB
+    backing = sparse(tmp_path / "backing", size)
+    key = tmp_path / "key"
+    make_key(key, 512, "sectors")
+    nblocks = 64
+    sectors = list(range(nblocks * 8))
+    random.Random(7).shuffle(sectors)
+    data = {s: pattern(f"sector-{s}", 512) for s in sectors}
+    srv = enc.serve(backing, key, "--queues", str(QUEUES), "--depth", "32")
+
+    def writer(mine):
+        for s in mine:
+            direct_write(srv.dev, 1 * MiB + s * 512, data[s])
+    threads = [threading.Thread(target=writer, args=(sectors[i::8],))
+               for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    want = b"".join(data[s] for s in range(nblocks * 8))
+
+    def check(dev, what):
+        got = direct_read(dev, 1 * MiB, nblocks * BLOCK)
+        assert got == want, f"{what}: {first_difference(got, want)}"
+    check(srv.dev, "hybd")
+    srv.stop()
+    padded = re.search(r"padded_blocks=(\d+)", srv.output())
+    # each block was padded once, by whichever write found it a hole
+    assert padded and int(padded.group(1)) == nblocks, srv.output()
+    srv = enc.serve(backing, key)
+    check(srv.dev, "hybd after a restart")
+    srv.stop()
+    with dm_crypt(backing, key, 512, 512, False) as mapper:
+        check(mapper, "dm-crypt")
+
+
+def test_encrypt_second_server_on_one_store_is_refused(enc, tmp_path):
+    backing = sparse(tmp_path / "backing", 8 * MiB)
+    key = tmp_path / "key"
+    make_key(key, 512, "twice")
+    srv = enc.serve(backing, key)
+    devs = device_ids()
+    res = run([ENCRYPT, "--key-file", key, "--no-fast-path", backing])
+    assert res.returncode == 1, f"exit {res.returncode}: {res.stderr}"
+    assert "served by another process" in res.stderr, res.stderr
+    assert device_ids() == devs
+    srv.stop()
 
 
 def test_encrypt_discard_punches_holes_only_when_allowed(enc, tmp_path):
@@ -459,7 +524,9 @@ BAD = [
     ("sector-size", ["--key-file", "{tmp}/key", "--sector-size", "1024", B],
      None, r"--sector-size 1024: 512 or 4096"),
     ("max-io", ["--key-file", "{tmp}/key", "--max-io", "4M", B], None,
-     r"--max-io 4194304: 512 to 1048576 bytes"),
+     r"--max-io 4194304: a multiple of 4096, at most 1048576"),
+    ("max-io-odd", ["--key-file", "{tmp}/key", "--max-io", "6000", B], None,
+     r"--max-io 6000: a multiple of 4096"),
     ("key-on-the-command-line", ["--key", "00" * 64, B], None,
      r"option '--key' is ambiguous|unrecognized option"),
     ("no-backing", ["--key-file", "{tmp}/key", "{tmp}/nothing"], None,
@@ -498,6 +565,50 @@ def test_encrypt_bad_keys_and_parameters_write_nothing(enc, tmp_path, name,
             os.stat(backing).st_mtime_ns) == before, "the backing store changed"
 
 
+@pytest.fixture
+def core_dumps(tmp_path):
+    """Core files go to tmp_path/cores (core.<comm>.<pid>) for this test."""
+    cores = tmp_path / "cores"
+    cores.mkdir()
+    pattern_file = Path("/proc/sys/kernel/core_pattern")
+    old_pattern = pattern_file.read_text()
+    old_limit = resource.getrlimit(resource.RLIMIT_CORE)
+    pattern_file.write_text(f"{cores}/core.%e.%p")
+    resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY,
+                                              resource.RLIM_INFINITY))
+    try:
+        yield cores
+    finally:
+        resource.setrlimit(resource.RLIMIT_CORE, old_limit)
+        pattern_file.write_text(old_pattern)
+
+
+def test_encrypt_server_never_dumps_core(enc, tmp_path, core_dumps):
+    """A crashing server leaves no core file (and so no key in one): it
+    made itself undumpable.  A dumpable process in the same setting does
+    leave one, so the check can fail."""
+    res = subprocess.run(["sh", "-c", "kill -ABRT $$"], timeout=30)
+    assert res.returncode == -signal.SIGABRT
+    wait_for(lambda: any(core_dumps.iterdir()), 10, "the control core file")
+    for f in core_dumps.iterdir():
+        f.unlink()
+
+    backing = sparse(tmp_path / "backing", 8 * MiB)
+    key = tmp_path / "key"
+    make_key(key, 512, "core")
+    srv = enc.serve(backing, key)
+    direct_write(srv.dev, 0, pattern("core-data", BLOCK))
+    os.kill(srv.pid, signal.SIGABRT)
+    assert srv.proc.wait(timeout=30) == -signal.SIGABRT
+    # the device is dead; its pinned fast path outlives the process
+    wait_for(lambda: info(srv.id)["state"] == "dead", 10, f"{srv.dev} dead")
+    hybdctl("detach", srv.dev)
+    rc, out, err = hybdctl("del", srv.dev)
+    assert rc == 0, f"hybdctl del {srv.dev}: exit {rc}: {out}{err}"
+    time.sleep(1)
+    assert not list(core_dumps.iterdir()), list(core_dumps.iterdir())
+
+
 def test_encrypt_key_stays_out_of_sight_and_in_locked_memory(enc, tmp_path):
     """The key is not on the command line, in the output or in the
     environment; the server's memory is locked (VmLck) and it is not
@@ -516,8 +627,13 @@ def test_encrypt_key_stays_out_of_sight_and_in_locked_memory(enc, tmp_path):
         assert k not in blob and k.hex().encode() not in blob, f"the key is in {what}"
     m = re.search(r"^VmLck:\s+(\d+) kB", status, re.M)
     assert m and int(m.group(1)) > 0, f"no locked memory:\n{status}"
-    # not dumpable: /proc/PID/mem and core files are root's only
-    assert os.stat(proc / "mem").st_uid == 0
+    # mlockall: the heap and stacks are locked too, not only the key's page
+    smaps = (proc / "smaps").read_text()
+    for name in ("[stack]", "[heap]"):
+        m = re.search(re.escape(name) + r"\n(?:.*\n)*?VmFlags:(.*)", smaps)
+        if name == "[heap]" and not m:
+            continue
+        assert m and " lo" in m.group(1), f"{name} is not locked: {m and m.group(1)}"
     srv.stop()
     out = srv.output()
     assert k.hex() not in out and k.hex().upper() not in out

@@ -59,6 +59,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -80,7 +81,8 @@ typedef _Atomic uint64_t bitmap_t;
 struct crypt {
 	int fd;				/* the backing store */
 	const char *path;
-	bool is_file;			/* a regular file: holes are tracked */
+	bool is_file;			/* a regular file */
+	bool holes_tracked;		/* its holes read as zeros (is_file) */
 	bool allow_discards;
 	uint64_t size;			/* of the device, bytes */
 	uint64_t nr_blocks;		/* 4 KiB blocks */
@@ -107,6 +109,7 @@ struct crypt {
 
 	const char *bpf_path;
 	bool bpf_required;
+	bool cache;			/* --cache: the program has one */
 	struct hybd_bpf *bpf;
 
 	_Atomic uint64_t reads, writes, flushes, discards, zero_blocks,
@@ -160,6 +163,7 @@ static int scan_holes(struct crypt *c, blksize_t fs_block)
 			c->path, (long)fs_block);
 		return 0;
 	}
+	c->holes_tracked = true;
 	for (blk = 0; blk < c->nr_blocks; blk++)
 		c->holes[blk / 64] |= 1ULL << (blk % 64);
 	while ((uint64_t)end < c->size) {
@@ -172,6 +176,7 @@ static int scan_holes(struct crypt *c, blksize_t fs_block)
 			fprintf(stderr, "encrypt: %s: cannot find its holes (%s): none are tracked\n",
 				c->path, strerror(errno));
 			memset(c->holes, 0, words * sizeof(*c->holes));
+			c->holes_tracked = false;
 			return 0;
 		}
 		for (blk = data >> BLK_SHIFT;
@@ -392,7 +397,10 @@ static int crypt_read(struct hybd_io *io, void *buf, uint64_t off,
  * A write.  Blocks that are holes are filled under their stripe's lock:
  * the parts of them the write does not cover are written as encrypted
  * zeros (what they read as), so that two writes into one hole, or a write
- * racing with the fill, cannot undo each other.  Other blocks need no lock.
+ * racing with the fill, cannot undo each other.  Other blocks need no lock
+ * unless discards may punch them: then every block's lock is taken, so
+ * that a discard cannot mark a block as a hole after a write it raced
+ * with put data there (the bit would hide data that a restart would find).
  */
 static int crypt_write(struct hybd_io *io, const void *buf, uint64_t off,
 		       uint32_t len)
@@ -411,7 +419,7 @@ static int crypt_write(struct hybd_io *io, const void *buf, uint64_t off,
 		return -ENOMEM;
 	atomic_fetch_add(&c->writes, 1);
 	for (blk = first; blk <= last; blk++) {
-		if (hole(c, blk)) {
+		if (hole(c, blk) || (c->allow_discards && c->holes_tracked)) {
 			stripe_want(want, blk);
 			locked = true;
 		}
@@ -438,6 +446,16 @@ static int crypt_write(struct hybd_io *io, const void *buf, uint64_t off,
 	ret = pwrite_full(c->fd, w->bounce, end - start, start, flags);
 	if (ret) {
 		report(c, "write", start, ret);
+		/*
+		 * Part of it may have reached the file: make the holes it
+		 * was filling holes again, or their padding would read as
+		 * zeros now and as noise after a restart.
+		 */
+		for (blk = first; locked && blk <= last; blk++)
+			if (stripe_wanted(want, blk) && hole(c, blk))
+				fallocate(c->fd, FALLOC_FL_PUNCH_HOLE |
+					  FALLOC_FL_KEEP_SIZE,
+					  blk << BLK_SHIFT, BLK_SIZE);
 		goto out;
 	}
 	if (locked) {
@@ -445,8 +463,11 @@ static int crypt_write(struct hybd_io *io, const void *buf, uint64_t off,
 		for (blk = first; blk <= last; blk++)
 			if (stripe_wanted(want, blk) && hole(c, blk))
 				hole_clear(c, blk);
-		atomic_fetch_add(&c->padded_blocks, (off - start ? 1 : 0) +
-				 (end - (off + len) ? 1 : 0));
+		/* blocks whose rest was written as zeros */
+		atomic_fetch_add(&c->padded_blocks,
+				 (start < off) + (end > off + len) -
+				 (start < off && end > off + len &&
+				  first == last));
 	}
 out:
 	if (locked)
@@ -457,20 +478,22 @@ out:
 static int crypt_flush(struct hybd_io *io)
 {
 	struct crypt *c = hybd_io_priv(io);
+	int ret = 0;
 
 	atomic_fetch_add(&c->flushes, 1);
 	if (fdatasync(c->fd)) {
-		report(c, "flush", 0, -errno);
-		return -errno;
+		ret = -errno;
+		report(c, "flush", 0, ret);
 	}
-	return 0;
+	return ret;
 }
 
 /*
  * --allow-discards: a file gets the whole blocks of the range punched out
- * (holes, then, for both halves); what a discard leaves in the partial
- * blocks at its ends is undefined, so they keep their data.  A block
- * device is asked to discard the range.
+ * (holes, then, for both halves, where holes are tracked); what a discard
+ * leaves in the partial blocks at its ends is undefined, so they keep
+ * their data.  A block device is asked to discard the range.  A backing
+ * store that cannot discard is no error: a discard is a hint.
  */
 static int crypt_discard(struct hybd_io *io, uint64_t off, uint32_t len)
 {
@@ -482,7 +505,7 @@ static int crypt_discard(struct hybd_io *io, uint64_t off, uint32_t len)
 
 	atomic_fetch_add(&c->discards, 1);
 	if (!c->is_file) {
-		if (ioctl(c->fd, BLKDISCARD, range))
+		if (ioctl(c->fd, BLKDISCARD, range) && errno != EOPNOTSUPP)
 			ret = -errno;
 		goto out;
 	}
@@ -495,11 +518,13 @@ static int crypt_discard(struct hybd_io *io, uint64_t off, uint32_t len)
 			stripe_want(want, blk);
 	stripes_lock(c, want);
 	if (fallocate(c->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-		      first << BLK_SHIFT, (end - first) << BLK_SHIFT))
-		ret = -errno;
-	else
+		      first << BLK_SHIFT, (end - first) << BLK_SHIFT)) {
+		if (errno != EOPNOTSUPP)
+			ret = -errno;
+	} else if (c->holes_tracked) {
 		for (blk = first; blk < end; blk++)
 			hole_set(c, blk);
+	}
 	stripes_unlock(c, want);
 out:
 	if (ret)
@@ -515,20 +540,27 @@ out:
  */
 static int attach_fast_path(struct crypt *c, struct hybd_dev *dev)
 {
+	/*
+	 * Pinned, `hybdctl stats --maps` shows its counters; but a program
+	 * with the plaintext cache is not: it goes with this process, even
+	 * a killed one, and its cache with it.
+	 */
+	unsigned int flags = c->cache ? 0 : HYBD_BPF_F_PIN;
 	struct bpf_map_info info = { 0 };
 	uint32_t len = sizeof(info);
 	uint64_t words = (c->nr_blocks + 63) / 64, i;
 	int ret, fd;
 
-	ret = hybd_bpf_attach(hybd_dev_id(dev), c->bpf_path, HYBD_BPF_F_PIN,
-			      &c->bpf);
+	ret = hybd_bpf_attach(hybd_dev_id(dev), c->bpf_path, flags, &c->bpf);
 	if (ret) {
 		fprintf(stderr, "encrypt: %s: %s\n", c->bpf_path, hybd_errmsg());
 		return ret;
 	}
 	fd = hybd_bpf_map_fd(c->bpf, HOLES_MAP);
-	if (fd < 0 || bpf_map_get_info_by_fd(fd, &info, &len)) {
-		fprintf(stderr, "encrypt: %s has no map %s: not encrypt's fast path\n",
+	if (fd < 0 || bpf_map_get_info_by_fd(fd, &info, &len) ||
+	    info.type != BPF_MAP_TYPE_ARRAY || info.key_size != 4 ||
+	    info.value_size != 8) {
+		fprintf(stderr, "encrypt: %s has no map %s (an array of 64-bit words): not encrypt's fast path\n",
 			c->bpf_path, HOLES_MAP);
 		ret = -ENOENT;
 		goto fail;
@@ -725,6 +757,28 @@ static int open_backing(struct crypt *c, bool direct)
 		fprintf(stderr, "encrypt: %s: %s\n", c->path, strerror(errno));
 		return -1;
 	}
+	/*
+	 * Nobody else may write it while it is served: a block device is
+	 * claimed as dm-crypt claims it (O_EXCL: not if mounted or mapped),
+	 * a file locked against a second server.
+	 */
+	if (S_ISBLK(st.st_mode)) {
+		int fd = open(c->path, O_RDWR | O_CLOEXEC | O_EXCL |
+			      (direct ? O_DIRECT : 0));
+
+		if (fd < 0) {
+			fprintf(stderr, "encrypt: %s: %s (in use?)\n", c->path,
+				strerror(errno));
+			return -1;
+		}
+		close(c->fd);
+		c->fd = fd;
+	} else if (S_ISREG(st.st_mode) && flock(c->fd, LOCK_EX | LOCK_NB)) {
+		fprintf(stderr, "encrypt: %s: %s\n", c->path,
+			errno == EWOULDBLOCK ? "served by another process" :
+			strerror(errno));
+		return -1;
+	}
 	if (S_ISREG(st.st_mode)) {
 		c->is_file = true;
 		bytes = st.st_size;
@@ -785,8 +839,8 @@ int main(int argc, char **argv)
 	};
 	struct crypt c = { .fd = -1 };
 	const char *key_file = NULL;
-	uint64_t key_bits = 512, sector = 512;
-	bool iv_large = false, cache = false, direct = false, fast = true;
+	uint64_t key_bits = 512, sector = 512, max_io = 0;
+	bool iv_large = false, direct = false, fast = true;
 	struct hybd_config cfg;
 	int opt, i = 0, ret;
 
@@ -800,12 +854,12 @@ int main(int argc, char **argv)
 		case 's': sector = number(name, optarg); break;
 		case 'L': iv_large = true; break;
 		case 'D': c.allow_discards = true; break;
-		case 'C': cache = true; break;
+		case 'C': c.cache = true; break;
 		case 'O': direct = true; break;
 		case 'q': cfg.nr_queues = number(name, optarg); break;
 		case 'd': cfg.queue_depth = number(name, optarg); break;
 		case 'T': cfg.queue_threads = number(name, optarg); break;
-		case 'm': cfg.max_io_bytes = number(name, optarg); break;
+		case 'm': max_io = number(name, optarg); break;
 		case 'i': cfg.dev_id = number(name, optarg); break;
 		case 't': cfg.io_timeout = number(name, optarg); break;
 		case 'b': c.bpf_path = optarg; c.bpf_required = true; break;
@@ -835,23 +889,26 @@ int main(int argc, char **argv)
 	}
 	if (iv_large && sector == 512)
 		iv_large = false;	/* the same thing */
-	if (cfg.max_io_bytes > MAX_IO || cfg.max_io_bytes < sector) {
-		fprintf(stderr, "encrypt: --max-io %u: %" PRIu64 " to %u bytes\n",
-			cfg.max_io_bytes, sector, MAX_IO);
+	if (max_io && (max_io > MAX_IO || max_io % BLK_SIZE)) {
+		fprintf(stderr, "encrypt: --max-io %" PRIu64 ": a multiple of 4096, at most %u\n",
+			max_io, MAX_IO);
 		return 2;
 	}
+	if (max_io)
+		cfg.max_io_bytes = max_io;
 	if (!fast && c.bpf_required) {
 		fprintf(stderr, "encrypt: --bpf and --no-fast-path contradict each other\n");
 		return 2;
 	}
 	if (fast && !c.bpf_path) {
-		const char *obj = cache ? "encrypt-cache.bpf.o" : "encrypt.bpf.o";
+		const char *obj = c.cache ? "encrypt-cache.bpf.o" :
+			"encrypt.bpf.o";
 
 		c.bpf_path = next_to_me(obj);
 		if (!c.bpf_path)
 			fprintf(stderr, "encrypt: no %s next to this program: no fast path\n",
 				obj);
-		if (!c.bpf_path && cache)
+		if (!c.bpf_path && c.cache)
 			return 1;	/* asked for, not there */
 	}
 	if (!fast)

@@ -7,6 +7,7 @@
  *   stale_check DEV [--blocks K] [--offset BYTES] [--writers W]
  *               [--readers R] [--seconds S] [--max-reads N]
  *               [--stop-after-stale N] [--write-delay-us U] [--seed N]
+ *               [--read-blocks N]
  *
  * Every 4 KiB block of the range holds (magic, block number, generation)
  * and a payload derived from both.  Block b belongs to writer b % W, so
@@ -20,6 +21,10 @@
  *            flight during the read: allowed, only counted;
  *   CORRUPT  the magic, block number or payload is wrong although no
  *            write was in flight, or the generation was never issued.
+ *
+ * With --read-blocks N (at most 32), each read covers N consecutive blocks
+ * of the range in one request, and each block of it is judged on its own:
+ * what a fast path that serves multi-block reads must get right.
  *
  * Threads are spread over the online CPUs (readers and writers on each),
  * so that with one hardware queue per CPU a write can be served on one
@@ -69,6 +74,7 @@ struct cfg {
 	uint64_t stop_after_stale;
 	unsigned int write_delay_us;
 	uint64_t seed;
+	unsigned int read_blocks;	/* blocks per read */
 };
 
 static struct cfg cfg = {
@@ -77,6 +83,7 @@ static struct cfg cfg = {
 	.readers = 2,
 	.seconds = 10,
 	.seed = 1,
+	.read_blocks = 1,
 };
 
 static int dev_fd;
@@ -146,16 +153,17 @@ static void *alloc_block(void)
 	return p;
 }
 
-static bool io_block(bool write, void *buf, uint64_t blk)
+static bool io_blocks(bool write, void *buf, uint64_t blk, unsigned int nr)
 {
 	off_t off = (off_t)blk * BLOCK;
+	size_t len = (size_t)nr * BLOCK;
 	ssize_t n;
 
 	do {
-		n = write ? pwrite(dev_fd, buf, BLOCK, off) :
-			    pread(dev_fd, buf, BLOCK, off);
+		n = write ? pwrite(dev_fd, buf, len, off) :
+			    pread(dev_fd, buf, len, off);
 	} while (n < 0 && errno == EINTR);
-	if (n == (ssize_t)BLOCK)
+	if (n == (ssize_t)len)
 		return true;
 	fprintf(stderr, "stale_check: %s block %" PRIu64 ": %s\n",
 		write ? "pwrite" : "pread", blk,
@@ -163,6 +171,11 @@ static bool io_block(bool write, void *buf, uint64_t blk)
 	atomic_fetch_add(&nr_errors, 1);
 	atomic_store(&stop, true);
 	return false;
+}
+
+static bool io_block(bool write, void *buf, uint64_t blk)
+{
+	return io_blocks(write, buf, blk, 1);
 }
 
 struct thread {
@@ -260,20 +273,28 @@ static void check_block(const uint64_t *buf, uint64_t *want, uint64_t blk,
 static void *reader(void *arg)
 {
 	struct thread *t = arg;
-	uint64_t *buf = alloc_block(), *want = alloc_block();
+	unsigned int nr = cfg.read_blocks, span = cfg.blocks - nr + 1, j;
+	uint64_t *buf = NULL, *want = alloc_block(), lo[32], hi, reads;
 
+	if (posix_memalign((void **)&buf, BLOCK, (size_t)nr * BLOCK))
+		buf = NULL;
 	if (!buf || !want)
 		goto out;
 	pin(t->cpu);
 	while (!atomic_load(&stop)) {
-		unsigned int i = splitmix64(&t->rng) % cfg.blocks;
-		uint64_t blk = cfg.first_blk + i, lo, hi, reads;
+		unsigned int i = splitmix64(&t->rng) % span;
+		uint64_t blk = cfg.first_blk + i;
 
-		lo = atomic_load_explicit(&completed[i], memory_order_acquire);
-		if (!io_block(false, buf, blk))
+		for (j = 0; j < nr; j++)
+			lo[j] = atomic_load_explicit(&completed[i + j],
+						     memory_order_acquire);
+		if (!io_blocks(false, buf, blk, nr))
 			break;
-		hi = atomic_load(&issued[i]);
-		check_block(buf, want, blk, lo, hi);
+		for (j = 0; j < nr; j++) {
+			hi = atomic_load(&issued[i + j]);
+			check_block(buf + (size_t)j * (BLOCK / 8), want, blk + j,
+				    lo[j], hi);
+		}
 		reads = atomic_fetch_add(&nr_reads, 1) + 1;
 		if (cfg.max_reads && reads >= cfg.max_reads)
 			atomic_store(&stop, true);
@@ -306,7 +327,8 @@ static void usage(FILE *f)
 	fprintf(f,
 		"usage: stale_check DEV [--blocks K] [--offset BYTES] [--writers W]\n"
 		"                   [--readers R] [--seconds S] [--max-reads N]\n"
-		"                   [--stop-after-stale N] [--write-delay-us U] [--seed N]\n");
+		"                   [--stop-after-stale N] [--write-delay-us U] [--seed N]\n"
+		"                   [--read-blocks N]\n");
 }
 
 static bool parse_u64(const char *s, uint64_t *out)
@@ -330,6 +352,7 @@ static int parse_args(int argc, char **argv)
 		{ "stop-after-stale", required_argument, NULL, 'x' },
 		{ "write-delay-us", required_argument, NULL, 'd' },
 		{ "seed", required_argument, NULL, 'S' },
+		{ "read-blocks", required_argument, NULL, 'R' },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 }
 	};
@@ -361,6 +384,7 @@ static int parse_args(int argc, char **argv)
 		case 'x': cfg.stop_after_stale = v; break;
 		case 'd': cfg.write_delay_us = v; if (v > 1000000) goto bad; break;
 		case 'S': cfg.seed = v; break;
+		case 'R': if (!v || v > 32) goto bad; cfg.read_blocks = v; break;
 		}
 		continue;
 bad:
@@ -371,9 +395,11 @@ bad:
 		return -1;
 	cfg.dev = argv[optind];
 	if (!cfg.blocks || !cfg.writers || cfg.writers > cfg.blocks ||
-	    !cfg.readers || cfg.writers + cfg.readers > MAX_THREADS) {
+	    !cfg.readers || cfg.writers + cfg.readers > MAX_THREADS ||
+	    cfg.read_blocks > cfg.blocks) {
 		fprintf(stderr, "stale_check: need 1 <= writers <= blocks, "
-			"readers >= 1, at most %d threads\n", MAX_THREADS);
+			"readers >= 1, at most %d threads, read-blocks <= blocks\n",
+			MAX_THREADS);
 		return -1;
 	}
 	return 0;
