@@ -32,10 +32,14 @@ ENCRYPT = REPO / "examples" / "encrypt" / "encrypt"
 CONTROL = "/dev/hybd-control"
 KMOD = os.environ.get("HYBD_KMOD", str(REPO / "kmod" / "hybd.ko"))
 
-# bounds, in seconds
-T_CMD = 60          # a control command (hybdctl, rmmod, ...)
-T_READY = 60        # a server printing its ready line
-T_STOP = 60         # a server exiting after SIGTERM
+# bounds, in seconds: how long before a step counts as hung, never how
+# fast it must be.  The debug kernel (tools/debug-kernel: KASAN, lockdep)
+# verifies a BPF program several times slower, more so on a loaded host:
+# there they are 3 times as long.
+_SLOW = 3 if "hybd-debug" in os.uname().release else 1
+T_CMD = 60 * _SLOW      # a control command (hybdctl attach, rmmod, ...)
+T_READY = 60 * _SLOW    # a server printing its ready line
+T_STOP = 60 * _SLOW     # a server exiting after SIGTERM
 T_IO = 300          # a bounded I/O job (fio, dd, mkfs)
 
 COUNTERS_RE = re.compile(

@@ -5,7 +5,7 @@
  *   ramdisk [--size BYTES] [--queues N] [--depth N] [--max-io BYTES]
  *           [--lbs N] [--pbs N] [--poll-ns N] [--no-write-cache] [--id N]
  *           [--io-timeout SECONDS] [--max-write-zeroes BYTES]
- *           [--zero-writes] [--bpf PROG.bpf.o]
+ *           [--zero-writes] [--bpf PROG.bpf.o] [--backing FILE]
  *
  * It creates /dev/hybdN, prints "ready /dev/hybdN" once the disk exists and
  * serves it until SIGINT or SIGTERM.  Then it deletes the device (the
@@ -18,20 +18,33 @@
  * Discarded and write-zeroed ranges read back as zeros.  Nothing is cached
  * on the way to memory: a flush has nothing to do (it is only counted) and
  * a FUA write is as durable as it gets once copied.
+ *
+ * --backing FILE keeps the disk in FILE instead, mapped shared: its data
+ * outlives the process (a crash included: what was written is in the
+ * page cache), and the next ramdisk on FILE serves it again.  The device
+ * has FILE's size unless --size says otherwise (FILE then grows to it);
+ * a flush and a FUA write msync() what they must make durable.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "hybd.h"
 
 struct ramdisk {
 	unsigned char *mem;
+	bool backed;			/* --backing: mem maps a file */
+	uint64_t size;
 	atomic_ulong reads, writes, flushes, fua, discards, write_zeroes;
 };
 
@@ -62,8 +75,17 @@ static int ramdisk_write(struct hybd_io *io, const void *buf, uint64_t offset,
 
 	memcpy(rd->mem + offset, buf, len);
 	count(&rd->writes);
-	if (hybd_io_flags(io) & HYBD_IO_F_FUA)
+	if (hybd_io_flags(io) & HYBD_IO_F_FUA) {
 		count(&rd->fua);
+		if (rd->backed) {
+			/* msync wants a page-aligned start */
+			uint64_t start = offset & ~(uint64_t)4095;
+
+			if (msync(rd->mem + start, offset + len - start,
+				  MS_SYNC))
+				return -EIO;
+		}
+	}
 	return 0;
 }
 
@@ -72,6 +94,8 @@ static int ramdisk_flush(struct hybd_io *io)
 	struct ramdisk *rd = hybd_io_priv(io);
 
 	count(&rd->flushes);
+	if (rd->backed && msync(rd->mem, rd->size, MS_SYNC))
+		return -EIO;
 	return 0;
 }
 
@@ -124,9 +148,11 @@ static const char usage[] =
 	"usage: ramdisk [--size BYTES] [--queues N] [--depth N] [--max-io BYTES]\n"
 	"               [--lbs N] [--pbs N] [--poll-ns N] [--no-write-cache] [--id N]\n"
 	"               [--io-timeout SECONDS] [--max-write-zeroes BYTES]\n"
-	"               [--zero-writes] [--bpf PROG.bpf.o]\n";
+	"               [--zero-writes] [--bpf PROG.bpf.o] [--backing FILE]\n";
 
 static const char *bpf_path;	/* --bpf */
+static const char *backing;	/* --backing */
+static bool size_given;
 
 static void parse_args(int argc, char **argv, struct hybd_config *cfg)
 {
@@ -145,6 +171,7 @@ static void parse_args(int argc, char **argv, struct hybd_config *cfg)
 		/* take zero writes a fast path passes as write-zeroes */
 		{ "zero-writes", no_argument, NULL, 'Z' },
 		{ "bpf", required_argument, NULL, 'b' },
+		{ "backing", required_argument, NULL, 'B' },
 		{ NULL, 0, NULL, 0 },
 	};
 	int c, i = 0;
@@ -153,7 +180,10 @@ static void parse_args(int argc, char **argv, struct hybd_config *cfg)
 		const char *name = opts[i].name;
 
 		switch (c) {
-		case 's': cfg->size = number(name, optarg, UINT64_MAX); break;
+		case 's':
+			cfg->size = number(name, optarg, UINT64_MAX);
+			size_given = true;
+			break;
 		case 'q': cfg->nr_queues = number(name, optarg, UINT32_MAX); break;
 		case 'd': cfg->queue_depth = number(name, optarg, UINT32_MAX); break;
 		case 'm': cfg->max_io_bytes = number(name, optarg, UINT32_MAX); break;
@@ -165,6 +195,7 @@ static void parse_args(int argc, char **argv, struct hybd_config *cfg)
 		case 'z': cfg->max_write_zeroes_bytes = number(name, optarg, UINT32_MAX); break;
 		case 'Z': cfg->flags |= HYBD_DEV_F_ZERO_WRITES; break;
 		case 'b': bpf_path = optarg; break;
+		case 'B': backing = optarg; break;
 		case 'W':
 			/* nothing cached: no flush, no FUA */
 			cfg->flags &= ~HYBD_DEV_F_WRITE_CACHE;
@@ -175,6 +206,40 @@ static void parse_args(int argc, char **argv, struct hybd_config *cfg)
 			exit(2);
 		}
 	}
+}
+
+/* --backing: map FILE (grown to --size if that was given) shared. */
+static int map_backing(struct ramdisk *rd, struct hybd_config *cfg)
+{
+	int fd = open(backing, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	struct stat st;
+
+	if (fd < 0 || fstat(fd, &st)) {
+		fprintf(stderr, "ramdisk: %s: %s\n", backing, strerror(errno));
+		return 1;
+	}
+	if (!size_given)
+		cfg->size = st.st_size;
+	if (!cfg->size) {
+		fprintf(stderr, "ramdisk: %s is empty: give --size\n", backing);
+		close(fd);
+		return 1;
+	}
+	if ((uint64_t)st.st_size < cfg->size && ftruncate(fd, cfg->size)) {
+		fprintf(stderr, "ramdisk: %s: %s\n", backing, strerror(errno));
+		close(fd);
+		return 1;
+	}
+	rd->mem = mmap(NULL, cfg->size, PROT_READ | PROT_WRITE, MAP_SHARED,
+		       fd, 0);
+	close(fd);
+	if (rd->mem == MAP_FAILED) {
+		fprintf(stderr, "ramdisk: mapping %s: %s\n", backing,
+			strerror(errno));
+		return 1;
+	}
+	rd->backed = true;
+	return 0;
 }
 
 static sigset_t stop_signals;
@@ -210,9 +275,16 @@ int main(int argc, char **argv)
 	cfg.size = 64 << 20;
 	parse_args(argc, argv, &cfg);
 
-	rd.mem = calloc(1, cfg.size ? cfg.size : 1);
-	if (!rd.mem)
-		return fail("cannot allocate the disk's memory", -ENOMEM);
+	if (backing) {
+		ret = map_backing(&rd, &cfg);
+		if (ret)
+			return ret;
+	} else {
+		rd.mem = calloc(1, cfg.size ? cfg.size : 1);
+		if (!rd.mem)
+			return fail("cannot allocate the disk's memory", -ENOMEM);
+	}
+	rd.size = cfg.size;
 
 	/* Signals wait for signal_thread; the library's workers never see them. */
 	sigemptyset(&stop_signals);
@@ -256,6 +328,13 @@ int main(int argc, char **argv)
 	       atomic_load(&rd.reads), atomic_load(&rd.writes),
 	       atomic_load(&rd.flushes), atomic_load(&rd.fua),
 	       atomic_load(&rd.discards), atomic_load(&rd.write_zeroes));
-	free(rd.mem);
+	if (rd.backed) {
+		ret = msync(rd.mem, rd.size, MS_SYNC);
+		munmap(rd.mem, rd.size);
+		if (ret)
+			return fail("msync of the backing file", -errno);
+	} else {
+		free(rd.mem);
+	}
 	return 0;
 }
