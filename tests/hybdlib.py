@@ -313,6 +313,44 @@ def fio(args, timeout=T_IO):
     return res.returncode, data, res
 
 
+def fio_verify(dev, bs, per_job, jobs, iodepth=32, engine=None):
+    """fio --verify random read/write on dev: jobs jobs of per_job bytes
+    each (their regions side by side), spread over the CPUs.  Asserts that
+    fio succeeded, that every job wrote and read back all it wrote without
+    an error; returns fio's jobs."""
+    if engine is None:
+        engine = "io_uring" if io_uring_usable() else "libaio"
+    cpus = os.cpu_count() or 1
+    rc, data, res = fio([
+        "--name=verify", f"--filename={dev}", "--direct=1",
+        f"--ioengine={engine}", f"--iodepth={iodepth}", "--rw=randrw",
+        f"--bs={bs}", f"--size={per_job}", f"--offset_increment={per_job}",
+        f"--numjobs={jobs}", "--verify=crc32c", "--verify_fatal=1",
+        "--do_verify=1", f"--cpus_allowed=0-{cpus - 1}",
+        "--cpus_allowed_policy=split",
+    ])
+    assert rc == 0, f"fio exit {rc}\n{res.stderr}\n{res.stdout[-3000:]}"
+    assert data is not None, f"fio printed no JSON\n{res.stdout[-3000:]}"
+    assert len(data["jobs"]) == jobs
+    for j in data["jobs"]:
+        assert j["error"] == 0, f"fio job error {j['error']}"
+        # the verify pass reads back every block the job wrote
+        assert j["write"]["total_ios"] > 0
+        assert j["read"]["total_ios"] >= j["write"]["total_ios"]
+    return data["jobs"]
+
+
+def delete_dead(srv, detach=False):
+    """Wait for srv's device to be dead (its server gone), detach its
+    pinned fast path if asked, delete it and wait for its node to go."""
+    wait_for(lambda: info(srv.id)["state"] == "dead", 10, f"{srv.dev} dead")
+    if detach:
+        hybdctl("detach", srv.dev)
+    rc, out, err = hybdctl("del", srv.dev)
+    assert rc == 0, f"hybdctl del {srv.dev}: exit {rc}: {out}{err}"
+    wait_for(lambda: not os.path.exists(srv.dev), 10, f"{srv.dev} to go")
+
+
 # ------------------------------------------------------------------ servers
 
 class Server:

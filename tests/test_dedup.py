@@ -27,8 +27,8 @@ import pytest
 
 import hybd_uapi as uapi
 from hybdlib import (REPO, T_IO, assert_data, device_ids, direct_read,
-                     direct_write, fio, first_difference, hybdctl, info,
-                     io_uring_usable, need_built, pattern, reap, run, stack_of,
+                     direct_write, fio_verify, first_difference, hybdctl,
+                     info, need_built, pattern, reap, run, stack_of,
                      state_of, sysfs_queue, wait_for)
 
 MiB = 1 << 20
@@ -56,7 +56,6 @@ CRC_OFF = 84
 
 # the guest has 2 vCPUs: one hardware queue each, two fio jobs per queue
 QUEUES = 2
-CPUS = os.cpu_count() or 1
 JOBS = 2 * QUEUES
 
 
@@ -227,26 +226,10 @@ def per_queue_done(dev_id):
                          ids=["4k", "64k"])
 def test_dedup_fio_verify_random_rw_over_two_queues(dedup, bs, per_job):
     tool("fio")
-    engine = "io_uring" if io_uring_usable() else "libaio"
     store = dedup.format("store", "128M")
     srv = dedup.serve(store, "--queues", str(QUEUES), "--depth", "32")
 
-    rc, data, res = fio([
-        "--name=verify", f"--filename={srv.dev}", "--direct=1",
-        f"--ioengine={engine}", "--iodepth=32", "--rw=randrw",
-        f"--bs={bs}", f"--size={per_job}", f"--offset_increment={per_job}",
-        f"--numjobs={JOBS}", "--verify=crc32c", "--verify_fatal=1",
-        "--do_verify=1", f"--cpus_allowed=0-{CPUS - 1}",
-        "--cpus_allowed_policy=split",
-    ])
-    assert rc == 0, f"fio exit {rc}\n{res.stderr}\n{res.stdout[-3000:]}"
-    assert data is not None, f"fio printed no JSON\n{res.stdout[-3000:]}"
-    assert len(data["jobs"]) == JOBS
-    for j in data["jobs"]:
-        assert j["error"] == 0, f"fio job error {j['error']}"
-        assert j["write"]["total_ios"] > 0
-        # the verify pass read back every block the job wrote
-        assert j["read"]["total_ios"] >= j["write"]["total_ios"]
+    fio_verify(srv.dev, bs, per_job, JOBS)
 
     s = info(srv.dev)["stats"]
     assert s["slow_errors"] == 0 and s["fast_errors"] == 0, s

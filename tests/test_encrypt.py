@@ -27,10 +27,10 @@ from pathlib import Path
 
 import pytest
 
-from hybdlib import (ENCRYPT, REPO, T_IO, device_ids, direct_read,
-                     direct_write, fio, first_difference, hybdctl, info,
-                     io_uring_usable, need_built, pattern, run, wait_for)
-from test_dedup import (QUEUES, CPUS, JOBS, STALE_CHECK, STALE_KEYS, STALE_RE,
+from hybdlib import (ENCRYPT, REPO, T_IO, delete_dead, device_ids,
+                     direct_read, direct_write, fio_verify, first_difference,
+                     info, need_built, pattern, run, wait_for)
+from test_dedup import (QUEUES, JOBS, STALE_CHECK, STALE_KEYS, STALE_RE,
                         STALE_SECONDS, digest_tree, flush, make_tree, tool)
 
 MiB = 1 << 20
@@ -259,26 +259,13 @@ def test_encrypt_backing_store_never_holds_the_plaintext(enc, tmp_path):
 def test_encrypt_fio_verify_random_rw_over_two_queues(enc, tmp_path, fast,
                                                       sector):
     tool("fio")
-    engine = "io_uring" if io_uring_usable() else "libaio"
     backing = sparse(tmp_path / "backing", 64 * MiB)
     key = tmp_path / "key"
     make_key(key, 512, "fio")
     srv = enc.serve(backing, key, "--sector-size", str(sector), "--queues",
                     str(QUEUES), "--depth", "32", fast=fast)
     for bs, per_job in ((4096, "4M"), (64 << 10, "8M")):
-        rc, data, res = fio([
-            "--name=verify", f"--filename={srv.dev}", "--direct=1",
-            f"--ioengine={engine}", "--iodepth=32", "--rw=randrw",
-            f"--bs={bs}", f"--size={per_job}", f"--offset_increment={per_job}",
-            f"--numjobs={JOBS}", "--verify=crc32c", "--verify_fatal=1",
-            "--do_verify=1", f"--cpus_allowed=0-{CPUS - 1}",
-            "--cpus_allowed_policy=split",
-        ])
-        assert rc == 0, f"fio exit {rc}\n{res.stderr}\n{res.stdout[-3000:]}"
-        assert data is not None, f"fio printed no JSON\n{res.stdout[-3000:]}"
-        for j in data["jobs"]:
-            assert j["error"] == 0, f"fio job error {j['error']}"
-            assert j["read"]["total_ios"] >= j["write"]["total_ios"] > 0
+        fio_verify(srv.dev, bs, per_job, JOBS)
     s = info(srv.dev)["stats"]
     assert s["slow_errors"] == 0 and s["fast_errors"] == 0, s
     srv.stop()
@@ -601,10 +588,7 @@ def test_encrypt_server_never_dumps_core(enc, tmp_path, core_dumps):
     os.kill(srv.pid, signal.SIGABRT)
     assert srv.proc.wait(timeout=30) == -signal.SIGABRT
     # the device is dead; its pinned fast path outlives the process
-    wait_for(lambda: info(srv.id)["state"] == "dead", 10, f"{srv.dev} dead")
-    hybdctl("detach", srv.dev)
-    rc, out, err = hybdctl("del", srv.dev)
-    assert rc == 0, f"hybdctl del {srv.dev}: exit {rc}: {out}{err}"
+    delete_dead(srv, detach=True)
     time.sleep(1)
     assert not list(core_dumps.iterdir()), list(core_dumps.iterdir())
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import hybd_uapi as uapi
-from hybdlib import (RamdiskMemory, assert_data, direct_write, fio,
+from hybdlib import (RamdiskMemory, assert_data, direct_write, fio, fio_verify,
                      first_difference, info, io_uring_usable, need_tool,
                      pattern, run, sysfs_queue)
 
@@ -47,23 +47,7 @@ def test_fio_verify_random_rw_over_all_queues(ramdisk, bs, per_job, iodepth):
                   max_io="1M", lbs=512 if bs == 512 else 4096)
     before = stats(srv.dev)
 
-    rc, data, res = fio([
-        "--name=verify", f"--filename={srv.dev}", "--direct=1",
-        f"--ioengine={engine}", f"--iodepth={iodepth}", "--rw=randrw",
-        f"--bs={bs}", f"--size={per_job}", f"--offset_increment={per_job}",
-        f"--numjobs={JOBS}", "--verify=crc32c", "--verify_fatal=1",
-        "--do_verify=1", f"--cpus_allowed=0-{CPUS - 1}",
-        "--cpus_allowed_policy=split",
-    ])
-    assert rc == 0, f"fio exit {rc}\n{res.stderr}\n{res.stdout[-3000:]}"
-    assert data is not None, f"fio printed no JSON\n{res.stdout[-3000:]}"
-    jobs = data["jobs"]
-    assert len(jobs) == JOBS
-    for j in jobs:
-        assert j["error"] == 0, f"job error {j['error']}"
-        # the verify pass reads back every block the job wrote
-        assert j["write"]["total_ios"] > 0
-        assert j["read"]["total_ios"] >= j["write"]["total_ios"]
+    jobs = fio_verify(srv.dev, bs, per_job, JOBS, iodepth, engine)
 
     after = stats(srv.dev)
     ios = sum(j["read"]["total_ios"] + j["write"]["total_ios"] for j in jobs)

@@ -5,18 +5,10 @@ on the file serves it again; what the recovery tests build on."""
 
 import os
 
-from hybdlib import (RAMDISK, direct_read, direct_write, hybdctl, info,
-                     need_built, pattern, run, wait_for)
+from hybdlib import (RAMDISK, delete_dead, direct_read, direct_write, info,
+                     need_built, pattern, run)
 
 MiB = 1 << 20
-
-
-def kill_and_delete(srv):
-    srv.kill()
-    wait_for(lambda: info(srv.id)["state"] == "dead", 10, f"{srv.dev} dead")
-    rc, out, err = hybdctl("del", srv.dev)
-    assert rc == 0, f"hybdctl del {srv.dev}: exit {rc}: {out}{err}"
-    wait_for(lambda: not os.path.exists(srv.dev), 10, f"{srv.dev} to go")
 
 
 def test_ramdisk_backing_file_keeps_data_across_a_sigkill(ramdisk, tmp_path):
@@ -29,7 +21,8 @@ def test_ramdisk_backing_file_keeps_data_across_a_sigkill(ramdisk, tmp_path):
     with open(backing, "rb") as f:
         f.seek(MiB)
         assert f.read(len(data)) == data
-    kill_and_delete(srv)
+    srv.kill()
+    delete_dead(srv)
 
     # a new server on the file, its size taken from the file
     srv = ramdisk(size=None, backing=backing)

@@ -519,12 +519,17 @@ def backing_file(ctx, name):
     return path
 
 
-def setup_kloop(line, ctx):
+def ensure_loop(ctx):
+    """The loop driver, loaded (and unloaded at the end) if it is not."""
     if not module_loaded("loop"):
         run(["modprobe", "loop"])
         ctx.cleanup.push("rmmod loop", run, ["modprobe", "-r", "loop"])
         wait_until(lambda: os.path.exists("/dev/loop-control"), 10,
                    "/dev/loop-control")
+
+
+def setup_kloop(line, ctx):
+    ensure_loop(ctx)
     path = backing_file(ctx, "kloop.img")
     dev = run(["losetup", "--find", "--show", "--direct-io=on",
                path]).stdout.strip()
@@ -611,11 +616,7 @@ def setup_dmcrypt(line, ctx):
     fill = backing is None
     if fill:
         backing = backing_file(ctx, "dmcrypt.img")
-    if not module_loaded("loop"):
-        run(["modprobe", "loop"])
-        ctx.cleanup.push("rmmod loop", run, ["modprobe", "-r", "loop"])
-        wait_until(lambda: os.path.exists("/dev/loop-control"), 10,
-                   "/dev/loop-control")
+    ensure_loop(ctx)
     loop = run(["losetup", "--find", "--show", backing]).stdout.strip()
     ctx.cleanup.push(f"losetup -d {loop}", run, ["losetup", "-d", loop])
     cmd = ["cryptsetup", "open", "--type", "plain", "--cipher",
