@@ -7,6 +7,8 @@
 #                   image and headers, qemu, virtme-ng, fio, nbdkit, pytest)
 #   make test       guest-deps + build, then the whole suite in one guest boot
 #                   (PYTEST_ARGS="-k bpf" selects tests)
+#   make test-long  the same with the full reliability counts (20 kills,
+#                   handovers and deletes per case, 100,000 fuzz calls)
 #   make test-debug guest-deps + build, then the whole suite in a debug kernel
 #                   (KASAN, lockdep, KFENCE, UBSAN, kmemleak...) built once by
 #                   tools/debug-kernel and cached in /var/cache/hybd (HYBD_CACHE);
@@ -60,7 +62,7 @@ HYBD_VERSION := $(shell cat VERSION)
 # where DKMS takes a module's sources from (DESTDIR: a package's staging)
 DKMS_SRC = $(DESTDIR)/usr/src/hybd-$(HYBD_VERSION)
 
-.PHONY: all deps guest-deps kmod lib tools examples bpf test test-debug bench \
+.PHONY: all deps guest-deps kmod lib tools examples bpf test test-long test-debug bench \
 	demo clean check unit help install uninstall dkms-src dkms-install \
 	dkms-uninstall
 
@@ -104,6 +106,14 @@ test: guest-deps
 	$(Q)$(MAKE) all
 	$(Q)$(MAKE) unit
 	$(Q)./tools/vm-run tests $(PYTEST_ARGS)
+
+# The same suite with the full counts of the reliability tests: 20 server
+# kills and handovers per case, 20 deletes per state, 100,000 fuzz calls.
+test-long: guest-deps
+	$(Q)$(MAKE) all
+	$(Q)$(MAKE) unit
+	$(Q)HYBD_LONG=1 HYBD_VM_TIMEOUT=$${HYBD_VM_TIMEOUT:-10800} \
+		./tools/vm-run tests $(PYTEST_ARGS)
 
 # The module is built against the debug kernel's tree in a copy of kmod/
 # (results/debug-kmod), so kmod/hybd.ko stays the regular one.

@@ -8,6 +8,7 @@
 
 #include <linux/blkdev.h>
 #include <linux/bvec.h>
+#include <linux/sort.h>
 
 #include "hybd.h"
 
@@ -159,10 +160,13 @@ void hybd_rq_copy(struct request *rq, u32 off, void *buf, u32 len, bool to_rq)
 	}
 }
 
-/* Make the filled slots visible; caller holds q->lock. */
+/*
+ * Make the filled slots visible; caller holds q->lock.  A parked queue has
+ * nobody to see them: they wait for the resume, which rewinds the ring.
+ */
 static bool hybd_publish(struct hybd_queue *q)
 {
-	if (q->sq_published == q->sq_tail)
+	if (q->parked || q->sq_published == q->sq_tail)
 		return false;
 	/*
 	 * Descriptors, data and slots before the tail: the first pairs with
@@ -224,6 +228,27 @@ static blk_status_t hybd_end_fast(struct hybd_queue *q, struct request *rq,
 	return BLK_STS_OK;
 }
 
+/*
+ * Put tag @t in the next submission slot with a new seq, its descriptor as
+ * the kernel keeps it (t->srv_op, t->srv_flags, t->bio); caller holds
+ * q->lock.
+ */
+static void hybd_issue(struct hybd_queue *q, struct hybd_tag *t, u32 tag)
+{
+	struct hybd_io_desc *desc = &q->desc[tag];
+
+	t->seq = ++q->next_seq;
+	t->state = HYBD_TAG_INFLIGHT;
+	t->overdue_ns = 0;
+	WRITE_ONCE(desc->op, t->srv_op);
+	WRITE_ONCE(desc->flags, t->srv_flags);
+	WRITE_ONCE(desc->nr_bytes, t->bio.bytes);
+	WRITE_ONCE(desc->sector, t->bio.sector);
+	WRITE_ONCE(desc->seq, t->seq);
+	WRITE_ONCE(q->sq[q->sq_tail & (q->dev->ring_entries - 1)], tag);
+	q->sq_tail++;
+}
+
 static blk_status_t hybd_queue_rq(struct blk_mq_hw_ctx *hctx,
 				  const struct blk_mq_queue_data *bd)
 {
@@ -231,7 +256,6 @@ static blk_status_t hybd_queue_rq(struct blk_mq_hw_ctx *hctx,
 	struct request *rq = bd->rq;
 	unsigned int tag = rq->tag;
 	u32 bytes = blk_rq_bytes(rq);
-	struct hybd_io_desc *desc;
 	int op = hybd_rq_op(rq);
 	struct hybd_tag *t;
 	int srv_op, ret;
@@ -296,19 +320,13 @@ static blk_status_t hybd_queue_rq(struct blk_mq_hw_ctx *hctx,
 		return BLK_STS_IOERR;
 	}
 
-	t->seq = ++q->next_seq;
-	t->state = HYBD_TAG_INFLIGHT;
-
-	desc = &q->desc[tag];
-	WRITE_ONCE(desc->op, srv_op);
-	WRITE_ONCE(desc->flags, flags);
-	WRITE_ONCE(desc->nr_bytes, op == HYBD_OP_FLUSH ? 0 : bytes);
-	WRITE_ONCE(desc->sector, blk_rq_pos(rq));
-	WRITE_ONCE(desc->seq, t->seq);
-	WRITE_ONCE(q->sq[q->sq_tail & (q->dev->ring_entries - 1)], tag);
-	q->sq_tail++;
+	t->srv_op = srv_op;
+	t->srv_flags = flags;
+	hybd_issue(q, t, tag);
 
 	hybd_stat_inc(q, slow_issued);
+	if (q->parked)
+		hybd_stat_inc(q, held);
 	if (srv_op != op)
 		hybd_stat_inc(q, bpf_pass_zeroes);
 	hybd_count_op(q, op, flags);
@@ -331,40 +349,91 @@ static void hybd_commit_rqs(struct blk_mq_hw_ctx *hctx)
  * even while something else keeps its file open; a live one that missed
  * the timeout fails this request only, and its late completion is
  * rejected (the tag is no longer in flight, or carries a newer seq).
+ *
+ * In recovery mode nothing fails while a new server may still come: a
+ * request waits for the recovery timeout (WAITING), and one that a live
+ * server let time out is counted and held, to be issued again if the
+ * server is replaced, and fails only recovery_timeout seconds later.
  */
+/*
+ * The server's process is gone but its file is not released (a child
+ * holds it, or the release is under way).  Without recovery that is the
+ * end; with it, the release normally comes at once and holds the I/O
+ * for a new server, but a file that stays open would hold it for ever: so
+ * it fails too once the recovery timeout has passed since we first saw
+ * the process gone.
+ */
+static bool hybd_dev_gone_for_good(struct hybd_dev *dev, u32 recovery)
+{
+	bool over;
+
+	if (!recovery)
+		return true;
+	spin_lock(&dev->state_lock);
+	if (!dev->gone_since)
+		dev->gone_since = jiffies ?: 1;
+	over = time_after_eq(jiffies, dev->gone_since + recovery * HZ);
+	spin_unlock(&dev->state_lock);
+	return over;
+}
+
 static enum blk_eh_timer_return hybd_timeout(struct request *rq)
 {
 	struct hybd_queue *q = rq->mq_hctx->driver_data;
 	struct hybd_dev *dev = q->dev;
 	struct hybd_tag *t = &q->tags[rq->tag];
-	bool mine = false;
+	enum hybd_dev_state state = READ_ONCE(dev->state);
+	u32 recovery = hybd_dev_recovery_secs(dev);
+	bool mine = false, overdue = false, was_overdue = false;
+	u64 now;
 
 	/*
-	 * A dead server, or a delete that a server does not help along (it
-	 * writes back what the block layer holds, wave after wave of
-	 * requests): fail everything, so that a delete takes one timeout at
+	 * A delete that a server does not help along (it writes back what
+	 * the block layer holds, wave after wave of requests), or a dead
+	 * server: fail everything, so that a delete takes one timeout at
 	 * most.  hybd_dev_kill() ends @rq too if it was in flight; if not,
 	 * queue_rq fails it.
 	 */
-	if (hybd_dev_server_gone(dev) ||
-	    READ_ONCE(dev->state) == HYBD_STATE_DELETING) {
+	if (state == HYBD_STATE_DELETING) {
+		hybd_dev_kill(dev);
+		return BLK_EH_DONE;
+	}
+	/* no server: the recovery timeout decides (hybd_dev_lose_server()) */
+	if (state == HYBD_STATE_WAITING)
+		return BLK_EH_RESET_TIMER;
+	if (hybd_dev_server_gone(dev)) {
+		if (!hybd_dev_gone_for_good(dev, recovery))
+			return BLK_EH_RESET_TIMER;
 		hybd_dev_kill(dev);
 		return BLK_EH_DONE;
 	}
 	if (!dev->params.basic.io_timeout)
 		return BLK_EH_RESET_TIMER;
 
+	now = ktime_get_ns();
 	spin_lock(&q->lock);
 	if (t->state == HYBD_TAG_INFLIGHT && t->rq == rq) {
-		t->state = HYBD_TAG_IDLE;
-		mine = true;
+		was_overdue = t->overdue_ns;
+		if (!recovery) {
+			mine = true;
+		} else if (!t->overdue_ns) {
+			t->overdue_ns = now;
+			overdue = true;
+		} else if (now - t->overdue_ns >=
+			   (u64)recovery * NSEC_PER_SEC) {
+			mine = true;
+		}
+		if (mine)
+			t->state = HYBD_TAG_IDLE;
 	}
 	spin_unlock(&q->lock);
-	/* being completed right now, or not published yet: not ours to end */
+	/* once per request, also when a handover's hold ran out meanwhile */
+	if (overdue || (mine && !was_overdue))
+		hybd_stat_inc(q, timed_out);
+	/* being completed right now, not published yet, or held: not ours */
 	if (!mine)
 		return BLK_EH_RESET_TIMER;
 
-	hybd_stat_inc(q, timed_out);
 	hybd_stat_inc(q, slow_errors);
 	/* the program learns of it: a write may or may not have happened */
 	t->bio.result = -EIO;
@@ -380,13 +449,114 @@ const struct blk_mq_ops hybd_mq_ops = {
 	.timeout	= hybd_timeout,
 };
 
+static int hybd_reissue_cmp(const void *a, const void *b)
+{
+	const struct hybd_reissue *x = a, *y = b;
+
+	return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+/**
+ * hybd_queue_resume() - give a new server what its predecessor left
+ * @q: a parked queue
+ * @list: room for queue_depth entries
+ *
+ * Every request in flight is issued again, in the order it was first
+ * issued, as slots 0..n-1 of a rewound ring with every index reset, each
+ * with a new seq (a completion for the old one is stale).  A write's
+ * payload is copied again: the old server could write its buffer.  While
+ * that copy runs the tags are REISSUE, which no completion, timeout or
+ * kill ends, so their requests stay alive; a kill meanwhile leaves them to
+ * us, and we fail them.
+ *
+ * Return: 0, or -ENODEV if the queue died meanwhile.
+ */
+int hybd_queue_resume(struct hybd_queue *q, struct hybd_reissue *list)
+{
+	u32 depth = q->dev->params.basic.queue_depth;
+	u32 max_io = q->dev->params.basic.max_io_bytes;
+	unsigned int tag, i, n = 0;
+	struct hybd_tag *t;
+	bool dead;
+
+	spin_lock(&q->lock);
+	for (tag = 0; tag < depth; tag++) {
+		if (q->tags[tag].state == HYBD_TAG_INFLIGHT)
+			q->tags[tag].state = HYBD_TAG_REISSUE;
+	}
+	spin_unlock(&q->lock);
+
+	for (tag = 0; tag < depth; tag++) {
+		t = &q->tags[tag];
+		/* only we move a tag out of REISSUE */
+		if (READ_ONCE(t->state) != HYBD_TAG_REISSUE ||
+		    t->srv_op != HYBD_OP_WRITE)
+			continue;
+		hybd_rq_copy(t->rq, 0, q->data + (size_t)tag * max_io,
+			     t->bio.bytes, false);
+		cond_resched();
+	}
+
+	spin_lock(&q->lock);
+	dead = q->dead;
+	/* and the requests queued since, never published: parked */
+	for (tag = 0; tag < depth; tag++) {
+		t = &q->tags[tag];
+		if (t->state == HYBD_TAG_REISSUE ||
+		    (!dead && t->state == HYBD_TAG_INFLIGHT)) {
+			list[n].seq = t->seq;
+			list[n].tag = tag;
+			n++;
+		}
+	}
+	if (dead) {
+		for (i = 0; i < n; i++)
+			q->tags[list[i].tag].state = HYBD_TAG_IDLE;
+		spin_unlock(&q->lock);
+		for (i = 0; i < n; i++) {
+			hybd_stat_inc(q, failed_dead);
+			blk_mq_end_request(q->tags[list[i].tag].rq,
+					   BLK_STS_IOERR);
+		}
+		return -ENODEV;
+	}
+	sort(list, n, sizeof(*list), hybd_reissue_cmp, NULL);
+
+	q->sq_tail = 0;
+	q->cq_head = 0;
+	WRITE_ONCE(q->hdr->sq_tail, 0);
+	WRITE_ONCE(q->hdr->sq_head, 0);
+	WRITE_ONCE(q->hdr->cq_tail, 0);
+	WRITE_ONCE(q->hdr->cq_head, 0);
+	/* a handover asked for since the resume began stands */
+	if (!READ_ONCE(q->dev->handover))
+		WRITE_ONCE(q->hdr->flags, q->hdr->flags & ~HYBD_RING_DRAIN);
+	WRITE_ONCE(q->kicked, false);
+	for (i = 0; i < n; i++) {
+		hybd_issue(q, &q->tags[list[i].tag], list[i].tag);
+		hybd_stat_inc(q, reissued);
+	}
+	q->parked = false;
+	/* the new server has seen nothing: everything up to n is new */
+	WRITE_ONCE(q->sq_returned, 0);
+	/* descriptors, slots, reset indices: pairs with the server's acquire */
+	smp_store_release(&q->hdr->sq_tail, q->sq_tail);
+	/* the same for hybd_srv_io(), as in hybd_publish() */
+	smp_store_release(&q->sq_published, q->sq_tail);
+	spin_unlock(&q->lock);
+	hybd_queue_wake(q);
+	return 0;
+}
+
 /**
  * hybd_queue_fail_all() - mark a queue dead and fail its outstanding requests
  * @q: the queue
  *
  * Every request the server had not completed ends with BLK_STS_IOERR, and
  * every later one fails in queue_rq.  Exactly one side ends a request: the
- * tag's state moves from INFLIGHT under @q->lock.
+ * tag's state moves from INFLIGHT under @q->lock.  A request being issued
+ * again (REISSUE) is left to hybd_queue_resume(), which sees the queue dead
+ * and fails it.
  */
 void hybd_queue_fail_all(struct hybd_queue *q)
 {

@@ -366,7 +366,8 @@ static void hybd_bpf_prog_release(struct hybd_bpf_prog *p)
 }
 
 /*
- * A device takes a program while it is added or live.  The state is only
+ * A device takes a program while it is added, live or waiting for a new
+ * server (the fast path serves on meanwhile).  The state is only
  * a courtesy (a clear -ENODEV for a dead or deleting device); bpf_gone,
  * set by hybd_bpf_dev_gone() under hybd_bpf_lock, is what makes an attach
  * and a delete exclude each other.
@@ -376,7 +377,8 @@ static bool hybd_bpf_dev_takes_prog(struct hybd_dev *dev)
 	enum hybd_dev_state state = READ_ONCE(dev->state);
 
 	return !dev->bpf_gone &&
-	       (state == HYBD_STATE_ADDED || state == HYBD_STATE_LIVE);
+	       (state == HYBD_STATE_ADDED || state == HYBD_STATE_LIVE ||
+		state == HYBD_STATE_WAITING);
 }
 
 /**

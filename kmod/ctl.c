@@ -57,7 +57,7 @@ static long hybd_ctl_features(void __user *arg)
 	f.abi_version = HYBD_ABI_VERSION;
 	f.features = HYBD_F_RINGS | HYBD_F_POLL | HYBD_F_SEQ_CHECK |
 		     HYBD_F_IO_TIMEOUT | HYBD_F_DEL_FORCE | HYBD_F_EVENTFD |
-		     HYBD_F_QUEUE_CPUS | HYBD_F_MEM_INFO;
+		     HYBD_F_QUEUE_CPUS | HYBD_F_MEM_INFO | HYBD_F_RECOVERY;
 	if (hybd_bpf_ready)
 		f.features |= HYBD_F_BPF | HYBD_F_PASS_ZEROES;
 	return hybd_copy_out(arg, &f, sizeof(f));
@@ -115,24 +115,50 @@ out:
 	return ret;
 }
 
+/*
+ * Copy in and check a struct hybd_ctl_dev whose flags may be @flags_ok;
+ * the device it names, with a reference, in *@devp.
+ */
+static int hybd_ctl_dev_get(void __user *arg, u32 flags_ok,
+			    struct hybd_ctl_dev *cmd, struct hybd_dev **devp)
+{
+	int ret;
+
+	ret = hybd_copy_in(cmd, sizeof(*cmd), sizeof(*cmd), arg);
+	if (ret)
+		return ret;
+	if (cmd->flags & ~flags_ok)
+		return -EOPNOTSUPP;
+	if (cmd->reserved0)
+		return -EINVAL;
+	*devp = hybd_dev_get(cmd->dev_id);
+	return *devp ? 0 : -ENODEV;
+}
+
 static long hybd_ctl_del(void __user *arg)
 {
 	struct hybd_ctl_dev cmd;
 	struct hybd_dev *dev;
 	int ret;
 
-	ret = hybd_copy_in(&cmd, sizeof(cmd), sizeof(cmd), arg);
+	ret = hybd_ctl_dev_get(arg, HYBD_DEL_F_ALL, &cmd, &dev);
 	if (ret)
 		return ret;
-	if (cmd.flags & ~HYBD_DEL_F_ALL)
-		return -EOPNOTSUPP;
-	if (cmd.reserved0)
-		return -EINVAL;
-
-	dev = hybd_dev_get(cmd.dev_id);
-	if (!dev)
-		return -ENODEV;
 	ret = hybd_dev_delete(dev, cmd.flags, true);
+	hybd_dev_put(dev);
+	return ret;
+}
+
+static long hybd_ctl_handover(void __user *arg)
+{
+	struct hybd_ctl_dev cmd;
+	struct hybd_dev *dev;
+	int ret;
+
+	ret = hybd_ctl_dev_get(arg, 0, &cmd, &dev);
+	if (ret)
+		return ret;
+	ret = hybd_dev_handover(dev);
 	hybd_dev_put(dev);
 	return ret;
 }
@@ -260,6 +286,8 @@ static long hybd_ctl_ioctl(struct file *file, unsigned int cmd,
 		return hybd_ctl_list(uarg);
 	case HYBD_CTL_STATS:
 		return hybd_ctl_stats(uarg);
+	case HYBD_CTL_HANDOVER:
+		return hybd_ctl_handover(uarg);
 	default:
 		return -ENOTTY;
 	}

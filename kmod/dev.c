@@ -5,6 +5,9 @@
  *   ADDED --(server opens node, HYBD_SRV_START)--> LIVE
  *   ADDED/LIVE --(server's file released, or its process exits)--> DEAD
  *                                                  (all I/O fails)
+ *   LIVE --(the same, with a recovery timeout or after a handover)-->
+ *          WAITING (I/O held) --(a new server's HYBD_SRV_START)--> LIVE
+ *   WAITING --(recovery timeout)--> DEAD
  *   any --(HYBD_CTL_DEL or module unload)--> DELETING, then gone
  *
  * Nothing that waits holds a lock: add_disk() and del_gendisk() run in
@@ -84,6 +87,8 @@ int hybd_params_check(struct hybd_params *p, u32 *err_param)
 	for (i = 0; i < ARRAY_SIZE(b->reserved); i++)
 		if (b->reserved[i])
 			return PERR(HYBD_PERR_RESERVED, -EINVAL);
+	if (b->reserved0)
+		return PERR(HYBD_PERR_RESERVED, -EINVAL);
 
 	if (!is_power_of_2(b->logical_bs) || b->logical_bs < SECTOR_SIZE ||
 	    b->logical_bs > PAGE_SIZE)
@@ -137,6 +142,8 @@ int hybd_params_check(struct hybd_params *p, u32 *err_param)
 		return PERR(HYBD_PERR_POLL, -ERANGE);
 	if (b->io_timeout > HYBD_MAX_IO_TIMEOUT)
 		return PERR(HYBD_PERR_IO_TIMEOUT, -ERANGE);
+	if (b->recovery_timeout > HYBD_MAX_RECOVERY_TIMEOUT)
+		return PERR(HYBD_PERR_RECOVERY, -ERANGE);
 
 	return hybd_discard_check(p, err_param);
 }
@@ -220,6 +227,7 @@ static void hybd_dev_del_srv_node(struct hybd_dev *dev)
 
 static void hybd_dev_start_work(struct work_struct *work);
 static void hybd_dev_del_work(struct work_struct *work);
+static void hybd_dev_recovery_work(struct work_struct *work);
 
 /**
  * hybd_dev_create() - create a device from checked parameters
@@ -250,6 +258,7 @@ struct hybd_dev *hybd_dev_create(const struct hybd_params *p, u32 id)
 	init_completion(&dev->deleted);
 	INIT_WORK(&dev->start_work, hybd_dev_start_work);
 	INIT_WORK(&dev->del_work, hybd_dev_del_work);
+	INIT_DELAYED_WORK(&dev->recovery_work, hybd_dev_recovery_work);
 	dev->params = *p;
 	dev->state = HYBD_STATE_ADDED;
 	dev->ring_entries = roundup_pow_of_two(p->basic.queue_depth);
@@ -387,9 +396,55 @@ out:
 	hybd_dev_put(dev);
 }
 
+/* Leaving WAITING: count the time spent there; caller holds state_lock. */
+static void hybd_dev_end_waiting(struct hybd_dev *dev)
+{
+	dev->no_server_ns += ktime_get_ns() - dev->waiting_since;
+	WRITE_ONCE(dev->handover, false);
+}
+
+/*
+ * A new server resumes a WAITING device: every queue gets what its
+ * predecessor left, and what was held since.
+ */
+static int hybd_dev_resume(struct hybd_dev *dev)
+{
+	struct hybd_reissue *list;
+	unsigned int i;
+	int ret = 0;
+
+	list = kvmalloc_array(dev->params.basic.queue_depth, sizeof(*list),
+			      GFP_KERNEL);
+	if (!list)
+		return -ENOMEM;
+	spin_lock(&dev->state_lock);
+	if (dev->state == HYBD_STATE_WAITING) {
+		hybd_dev_end_waiting(dev);
+		dev->state = HYBD_STATE_LIVE;
+		dev->recoveries++;
+	} else {
+		ret = dev->state == HYBD_STATE_LIVE ? -EALREADY : -ENODEV;
+	}
+	spin_unlock(&dev->state_lock);
+	if (!ret) {
+		if (cancel_delayed_work(&dev->recovery_work))
+			hybd_dev_put(dev);	/* the work's */
+		for (i = 0; i < dev->params.basic.nr_hw_queues; i++) {
+			if (hybd_queue_resume(&dev->queues[i], list))
+				ret = -ENODEV;
+		}
+		if (!ret)
+			pr_info("hybd%u: resumed by a new server (pid %d)\n",
+				dev->id, task_tgid_vnr(current));
+	}
+	kvfree(list);
+	return ret;
+}
+
 /**
- * hybd_dev_start() - add the block device
- * @dev: a device in the ADDED state whose server is serving the queues
+ * hybd_dev_start() - add the block device, or resume a waiting one
+ * @dev: a device in the ADDED state whose server is serving the queues,
+ *	 or one WAITING for a new server (which consumes only afterwards)
  *
  * Return: 0, -EALREADY if started, -ENODEV if dead or deleted, -EINTR if
  * the caller was killed while the partitions were scanned (the device is
@@ -398,6 +453,9 @@ out:
 int hybd_dev_start(struct hybd_dev *dev)
 {
 	int ret = 0;
+
+	if (READ_ONCE(dev->state) == HYBD_STATE_WAITING)
+		return hybd_dev_resume(dev);
 
 	spin_lock(&dev->state_lock);
 	if (dev->start_queued || dev->state == HYBD_STATE_LIVE)
@@ -421,6 +479,8 @@ int hybd_dev_start(struct hybd_dev *dev)
  * hybd_dev_kill() - the server is gone: fail every request, now and later
  * @dev: the device
  *
+ * (A request a resume is issuing again is failed by the resume.)
+ *
  * Safe to call more than once, from the server file's release, the I/O
  * timeout handler and a delete; it never sleeps.
  */
@@ -432,9 +492,145 @@ void hybd_dev_kill(struct hybd_dev *dev)
 		hybd_queue_fail_all(&dev->queues[i]);
 
 	spin_lock(&dev->state_lock);
-	if (dev->state == HYBD_STATE_ADDED || dev->state == HYBD_STATE_LIVE)
+	if (dev->state == HYBD_STATE_WAITING)
+		hybd_dev_end_waiting(dev);
+	if (dev->state == HYBD_STATE_ADDED || dev->state == HYBD_STATE_LIVE ||
+	    dev->state == HYBD_STATE_WAITING)
 		dev->state = HYBD_STATE_DEAD;
 	spin_unlock(&dev->state_lock);
+}
+
+/**
+ * hybd_dev_recovery_secs() - how long the device holds I/O for a new server
+ * @dev: the device
+ *
+ * Return: its recovery_timeout; else HYBD_HANDOVER_TIMEOUT if a handover
+ * was asked for less than that long ago; else 0 (no recovery: a lost
+ * server fails everything).
+ */
+u32 hybd_dev_recovery_secs(struct hybd_dev *dev)
+{
+	if (dev->params.basic.recovery_timeout)
+		return dev->params.basic.recovery_timeout;
+	/* a handover the old server ignores does not last */
+	if (READ_ONCE(dev->handover) &&
+	    time_before(jiffies, READ_ONCE(dev->handover_until)))
+		return HYBD_HANDOVER_TIMEOUT;
+	return 0;
+}
+
+/* The recovery timeout ran out with no new server: fail what is held. */
+static void hybd_dev_recovery_work(struct work_struct *work)
+{
+	struct hybd_dev *dev = container_of(to_delayed_work(work),
+					    struct hybd_dev, recovery_work);
+	bool expired;
+
+	spin_lock(&dev->state_lock);
+	expired = dev->state == HYBD_STATE_WAITING;
+	if (expired) {
+		/* a resume from here on finds the device dead */
+		hybd_dev_end_waiting(dev);
+		dev->state = HYBD_STATE_DEAD;
+	}
+	spin_unlock(&dev->state_lock);
+	if (expired) {
+		pr_warn("hybd%u: no server came back within the recovery timeout: failing held I/O\n",
+			dev->id);
+		hybd_dev_kill(dev);
+	}
+	hybd_dev_put(dev);	/* ours */
+}
+
+/**
+ * hybd_dev_lose_server() - the server's file is gone
+ * @dev: the device
+ *
+ * Without recovery, every request fails, now and later (hybd_dev_kill()).
+ * A live device in recovery mode (or handed over) goes WAITING instead:
+ * the completions the server posted are taken, the queues are parked and
+ * the recovery timeout starts.  A device already WAITING (a new server
+ * left before it resumed) keeps waiting on the same timeout.
+ */
+void hybd_dev_lose_server(struct hybd_dev *dev)
+{
+	bool orphan, waiting;
+	unsigned int i;
+	u32 secs;
+
+	/*
+	 * Under state_lock, so that a handover is not missed and a delete
+	 * that sees WAITING finds the work armed (it cancels it).
+	 */
+	spin_lock(&dev->state_lock);
+	secs = hybd_dev_recovery_secs(dev);
+	waiting = dev->state == HYBD_STATE_WAITING;
+	orphan = secs && dev->state == HYBD_STATE_LIVE;
+	if (orphan) {
+		dev->state = HYBD_STATE_WAITING;
+		dev->waiting_since = ktime_get_ns();
+		dev->recovery_deadline = jiffies + secs * HZ;
+		dev->gone_since = 0;
+		kref_get(&dev->ref);	/* the work's */
+		if (!queue_delayed_work(hybd_wq, &dev->recovery_work,
+					secs * HZ))
+			kref_put(&dev->ref, hybd_dev_free);	/* not the last */
+	}
+	spin_unlock(&dev->state_lock);
+	if (waiting)
+		return;
+	if (!orphan) {
+		hybd_dev_kill(dev);
+		return;
+	}
+
+	for (i = 0; i < dev->params.basic.nr_hw_queues; i++) {
+		struct hybd_queue *q = &dev->queues[i];
+
+		/* what it finished is done: its area is nobody's now */
+		hybd_queue_commit(q);
+		spin_lock(&q->lock);
+		q->parked = true;
+		spin_unlock(&q->lock);
+	}
+	pr_info("hybd%u: server gone, holding I/O for a new one for %u s\n",
+		dev->id, secs);
+}
+
+/**
+ * hybd_dev_handover() - ask the live server to drain and leave
+ * @dev: the device
+ *
+ * Return: 0 (also when no server is attached), -ENODEV if not live.
+ */
+int hybd_dev_handover(struct hybd_dev *dev)
+{
+	unsigned int i;
+	int ret = 0;
+
+	spin_lock(&dev->state_lock);
+	if (dev->state == HYBD_STATE_LIVE && dev->server_open) {
+		WRITE_ONCE(dev->handover_until,
+			   jiffies + HYBD_HANDOVER_TIMEOUT * HZ);
+		WRITE_ONCE(dev->handover, true);
+	} else if (dev->state != HYBD_STATE_WAITING)
+		ret = -ENODEV;
+	spin_unlock(&dev->state_lock);
+	if (ret || !READ_ONCE(dev->handover))
+		return ret;
+
+	for (i = 0; i < dev->params.basic.nr_hw_queues; i++) {
+		struct hybd_queue *q = &dev->queues[i];
+
+		spin_lock(&q->lock);
+		WRITE_ONCE(q->hdr->flags, q->hdr->flags | HYBD_RING_DRAIN);
+		WRITE_ONCE(q->kicked, true);
+		spin_unlock(&q->lock);
+		/* kicked before the waiter's condition check */
+		smp_mb();
+		hybd_queue_wake(q);
+	}
+	return 0;
 }
 
 /**
@@ -513,6 +709,9 @@ static void hybd_dev_del_work(struct work_struct *work)
 	if (disk)
 		del_gendisk(disk);
 	hybd_dev_kill(dev);
+	/* armed by a server lost while the delete began: no later than here */
+	if (cancel_delayed_work_sync(&dev->recovery_work))
+		hybd_dev_put(dev);	/* the work's */
 	hybd_bpf_dev_gone(dev);
 	if (disk) {
 		spin_lock(&dev->state_lock);
@@ -542,15 +741,21 @@ static void hybd_dev_del_work(struct work_struct *work)
  */
 int hybd_dev_delete(struct hybd_dev *dev, u32 flags, bool killable)
 {
-	bool first;
+	bool first, waiting;
 
 	spin_lock(&dev->state_lock);
 	first = !dev->del_queued;
 	dev->del_queued = true;
+	waiting = dev->state == HYBD_STATE_WAITING;
+	if (waiting)
+		hybd_dev_end_waiting(dev);
 	dev->state = HYBD_STATE_DELETING;
 	spin_unlock(&dev->state_lock);
 
-	if (flags & HYBD_DEL_F_FORCE)
+	/* held I/O has nobody to serve it: it fails now */
+	if (waiting && cancel_delayed_work(&dev->recovery_work))
+		hybd_dev_put(dev);	/* the work's */
+	if ((flags & HYBD_DEL_F_FORCE) || waiting)
 		hybd_dev_kill(dev);
 	if (first)
 		queue_work(hybd_wq, &dev->del_work);	/* takes the table's ref */
@@ -597,6 +802,8 @@ void hybd_queue_stat_add(struct hybd_queue *q, struct hybd_queue_stat *dst)
 		s->timed_out += qs->timed_out;
 		s->bpf_unfilled += qs->bpf_unfilled;
 		s->bpf_pass_zeroes += qs->bpf_pass_zeroes;
+		s->held += qs->held;
+		s->reissued += qs->reissued;
 		for (i = 0; i < HYBD_LAT_BUCKETS; i++) {
 			dst->fast_lat[i] += qs->fast_lat[i];
 			dst->slow_lat[i] += qs->slow_lat[i];
@@ -626,6 +833,14 @@ void hybd_dev_fill_info(struct hybd_dev *dev, struct hybd_dev_info *info)
 	if (dev->disk) {
 		info->disk_major = dev->disk->major;
 		info->disk_minor = dev->disk->first_minor;
+	}
+	info->recoveries = dev->recoveries;
+	info->no_server_ns = dev->no_server_ns;
+	if (dev->state == HYBD_STATE_WAITING) {
+		long left = (long)(dev->recovery_deadline - jiffies);
+
+		info->no_server_ns += ktime_get_ns() - dev->waiting_since;
+		info->recovery_left_ms = left > 0 ? jiffies_to_msecs(left) : 0;
 	}
 	spin_unlock(&dev->state_lock);
 	info->params = dev->params;

@@ -32,15 +32,23 @@ struct hybd_bpf_prog;
 enum hybd_tag_state {
 	HYBD_TAG_IDLE = 0,
 	HYBD_TAG_INFLIGHT,	/* published to the server, not completed */
+	/*
+	 * being issued again to a resumed server (hybd_queue_resume()): no
+	 * completion, timeout or kill ends it, the resume does
+	 */
+	HYBD_TAG_REISSUE,
 };
 
 struct hybd_tag {
 	struct request	*rq;
 	u64		seq;
 	u64		start_ns;
+	u64		overdue_ns;	/* recovery mode: when it timed out */
 	u32		bpf_gen;	/* generation of the program that passed it */
 	u32		bpf_filled;	/* read bytes the kfuncs filled, a prefix */
 	u8		state;
+	u8		srv_op;		/* the desc as published, for a reissue */
+	u16		srv_flags;
 	bool		bpf_data;	/* a read's payload is the device's data */
 	struct hybd_bpf_io bio;		/* what the BPF program sees */
 };
@@ -59,6 +67,7 @@ struct hybd_queue_stats {
 	u64 rej_bad_result, rej_ring_index;
 	u64 bpf_bad_ret, bpf_unfilled, bpf_pass_zeroes;
 	u64 timed_out;
+	u64 held, reissued;
 	u64 fast_lat[HYBD_LAT_BUCKETS];
 	u64 slow_lat[HYBD_LAT_BUCKETS];
 };
@@ -91,6 +100,11 @@ struct hybd_queue {
 	u32			cq_head;	/* next cqe the kernel reads */
 	u64			next_seq;
 	bool			dead;
+	/*
+	 * No server consumes (recovery): queue_rq fills the ring but does
+	 * not publish, and the resume rewinds it.
+	 */
+	bool			parked;
 	struct hybd_queue_stats __percpu *stats;
 
 	/* a worker sleeping in HYBD_SRV_IO; queue_rq wakes only these */
@@ -124,6 +138,15 @@ struct hybd_dev {
 	struct pid		*server_pid;	/* the server's thread group */
 	bool			start_queued;
 	bool			del_queued;
+	/* recovery: HYBD_CTL_HANDOVER asked the server to leave, until then */
+	bool			handover;
+	unsigned long		handover_until;	/* jiffies */
+	/* recovery: when a timeout first saw the server's process gone */
+	unsigned long		gone_since;	/* jiffies, 0: not seen */
+	u64			waiting_since;	/* ktime ns, in WAITING */
+	u64			no_server_ns;	/* WAITING before that */
+	unsigned long		recovery_deadline;	/* jiffies */
+	u32			recoveries;
 	struct gendisk		*disk;		/* set once add_disk() is done */
 
 	/*
@@ -136,6 +159,8 @@ struct hybd_dev {
 	struct completion	started;
 	struct work_struct	del_work;
 	struct completion	deleted;
+	/* recovery: ends WAITING when no server came; holds a reference */
+	struct delayed_work	recovery_work;
 
 	struct blk_mq_tag_set	tag_set;
 	/*
@@ -175,6 +200,9 @@ void hybd_ctl_exit(void);
 struct hybd_dev *hybd_dev_create(const struct hybd_params *p, u32 id);
 int hybd_dev_start(struct hybd_dev *dev);
 void hybd_dev_kill(struct hybd_dev *dev);
+u32 hybd_dev_recovery_secs(struct hybd_dev *dev);
+void hybd_dev_lose_server(struct hybd_dev *dev);
+int hybd_dev_handover(struct hybd_dev *dev);
 bool hybd_dev_server_gone(struct hybd_dev *dev);
 bool hybd_dev_is_server(struct hybd_dev *dev);
 int hybd_dev_delete(struct hybd_dev *dev, u32 flags, bool killable);
@@ -186,6 +214,11 @@ int hybd_params_check(struct hybd_params *p, u32 *err_param);
 /* blk.c */
 extern const struct blk_mq_ops hybd_mq_ops;
 void hybd_queue_fail_all(struct hybd_queue *q);
+struct hybd_reissue {
+	u64	seq;
+	u32	tag;
+};
+int hybd_queue_resume(struct hybd_queue *q, struct hybd_reissue *list);
 void hybd_rq_copy(struct request *rq, u32 off, void *buf, u32 len, bool to_rq);
 
 /* bpf.c */
@@ -214,6 +247,7 @@ int hybd_queue_alloc(struct hybd_dev *dev, struct hybd_queue *q,
 void hybd_queue_free(struct hybd_queue *q);
 void hybd_queue_wake(struct hybd_queue *q);
 void hybd_queue_signal_armed(struct hybd_queue *q);
+int hybd_queue_commit(struct hybd_queue *q);
 size_t hybd_queue_area_size(const struct hybd_params *p, u32 ring_entries,
 			    u32 *sq_off, u32 *cq_off, u32 *desc_off,
 			    u32 *data_off);

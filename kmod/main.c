@@ -182,7 +182,8 @@ out_wq:
 
 /*
  * Unloading is refused by the module refcount while a server node or the
- * control node is open; devices without a server are torn down here.
+ * control node is open; devices without a server are torn down here (a
+ * device waiting for a new server fails what it holds).
  */
 static void __exit hybd_exit(void)
 {

@@ -210,7 +210,7 @@ static void hybd_end_slow(struct hybd_queue *q, struct hybd_tag *t, int res,
  *
  * Return: the number of requests completed.
  */
-static int hybd_queue_commit(struct hybd_queue *q)
+int hybd_queue_commit(struct hybd_queue *q)
 {
 	u32 mask = q->dev->ring_entries - 1;
 	u32 depth = q->dev->params.basic.queue_depth;
@@ -359,6 +359,9 @@ static long hybd_srv_io(struct hybd_dev *dev, struct hybd_srv_io __user *arg)
 		return -EINVAL;
 	if ((io.flags & HYBD_SRV_IO_ARM) && !rcu_access_pointer(q->efd))
 		return -EINVAL;
+	/* a new server consumes only once HYBD_SRV_START has resumed it */
+	if (consume && READ_ONCE(q->parked))
+		return -EBUSY;
 
 	done = hybd_queue_commit(q);
 	if (io.flags & HYBD_SRV_IO_WAIT) {
@@ -367,9 +370,11 @@ static long hybd_srv_io(struct hybd_dev *dev, struct hybd_srv_io __user *arg)
 			/*
 			 * A fatal signal is for the whole server process: its
 			 * workers are going away, and whoever else holds the
-			 * file will not serve the queues.
+			 * file will not serve the queues.  In recovery mode
+			 * the file's release holds the I/O instead.
 			 */
 			if (fatal_signal_pending(current) &&
+			    !hybd_dev_recovery_secs(dev) &&
 			    hybd_dev_is_server(dev))
 				hybd_dev_kill(dev);
 			return -EINTR;
@@ -567,11 +572,15 @@ static int hybd_srv_open(struct inode *inode, struct file *file)
 		goto out_put;
 	}
 
+	/* a new device, or one waiting for a new server to resume it */
 	spin_lock(&dev->state_lock);
-	if (dev->state != HYBD_STATE_ADDED)
+	if (dev->state != HYBD_STATE_ADDED && dev->state != HYBD_STATE_WAITING &&
+	    dev->state != HYBD_STATE_LIVE)
 		ret = -ENODEV;
 	else if (dev->server_open)
 		ret = -EBUSY;
+	else if (dev->state == HYBD_STATE_LIVE)
+		ret = -ENODEV;	/* cannot be: a live device has its server */
 	if (!ret) {
 		dev->server_open = true;
 		put_pid(dev->server_pid);
@@ -592,13 +601,13 @@ out_put:
 /*
  * The server's last reference is gone (close, exit or crash): nobody will
  * complete the outstanding requests, so they fail now, and so does all
- * later I/O.
+ * later I/O; or, in recovery mode, they wait for a new server.
  */
 static int hybd_srv_release(struct inode *inode, struct file *file)
 {
 	struct hybd_dev *dev = file->private_data;
 
-	hybd_dev_kill(dev);
+	hybd_dev_lose_server(dev);
 	hybd_dev_drop_eventfds(dev);
 	spin_lock(&dev->state_lock);
 	dev->server_open = false;

@@ -105,7 +105,7 @@ int hybd__config_to_params(const struct hybd_config *cfg_in,
 		return hybd__err(-EINVAL,
 				 "device id %d: must be -1 (any) or between 0 and %u",
 				 cfg->dev_id, HYBD_MAX_DEVICES - 1);
-	if (cfg->lib_flags & ~HYBD_CFG_NO_AFFINITY)
+	if (cfg->lib_flags & ~(HYBD_CFG_NO_AFFINITY | HYBD_CFG_ATTACH))
 		return hybd__err(-EINVAL, "library flags 0x%x: unknown bits",
 				 cfg->lib_flags);
 
@@ -122,6 +122,7 @@ int hybd__config_to_params(const struct hybd_config *cfg_in,
 	p->basic.flags = cfg->flags;
 	p->basic.poll_ns = cfg->poll_ns;
 	p->basic.io_timeout = cfg->io_timeout;
+	p->basic.recovery_timeout = cfg->recovery_timeout;
 	if (cfg->max_discard_bytes || cfg->discard_granularity ||
 	    cfg->max_write_zeroes_bytes) {
 		p->types |= HYBD_PARAM_DISCARD;
@@ -278,6 +279,15 @@ int hybd_ctl_stats(uint32_t id, struct hybd_ctl_stats *st,
 		return hybd__err(-EOVERFLOW, "HYBD_CTL_STATS: absurd queue count %u",
 				 st->nr_queues);
 	return st->nr_queues;
+}
+
+int hybd_ctl_handover(uint32_t id)
+{
+	struct hybd_ctl_dev d = { .len = sizeof(d), .dev_id = id };
+	int ret;
+
+	ret = ctl_ioctl(HYBD_CTL_HANDOVER, "HYBD_CTL_HANDOVER", id, &d, 0);
+	return ret < 0 ? ret : 0;
 }
 
 /* HYBD_CTL_DEL that leaves the message alone (to undo a half-made device). */

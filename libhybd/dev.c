@@ -27,6 +27,9 @@
 #define SRV_OPEN_DELAY_US	10000
 /* How often hybd_dev_stop() kicks a worker that has not exited yet. */
 #define STOP_KICK_NS		50000000L
+/* HYBD_CFG_ATTACH: how long the old server has to hand the device over */
+#define ATTACH_WAIT_MS		60000
+#define ATTACH_DELAY_US		10000
 
 /* Refuse ops the driver has no handler for: better now than per request. */
 static int check_handlers(const struct hybd_config *cfg,
@@ -83,6 +86,71 @@ static int srv_open(struct hybd_dev *dev)
 	default:
 		return hybd__err(-errno, "cannot open %s", path);
 	}
+}
+
+/*
+ * HYBD_CFG_ATTACH: make device dev->id free for us.  A live device's server
+ * is asked to hand over; then the node opens once it has closed it.
+ */
+static int srv_attach(struct hybd_dev *dev, const struct hybd_config *cfg,
+		      const struct hybd_driver *drv)
+{
+	struct hybd_config c = *cfg;
+	struct hybd_dev_info di;
+	char path[64];
+	unsigned int waited = 0;
+	int ret, fd;
+
+	if (!(dev->features & HYBD_F_RECOVERY))
+		return hybd__err(-EOPNOTSUPP,
+				 "the hybd module cannot hand a device to a new server (HYBD_F_RECOVERY): update it");
+	ret = hybd_ctl_info(dev->id, &di);
+	if (ret)
+		return ret;
+	/* refuse before a live server is asked to leave */
+	if (cfg->size && cfg->size != di.params.basic.dev_size)
+		return hybd__err(-EINVAL,
+				 "%s has %llu bytes, the driver's config says %llu",
+				 dev->path,
+				 (unsigned long long)di.params.basic.dev_size,
+				 (unsigned long long)cfg->size);
+	c.ops = di.params.basic.ops;
+	ret = check_handlers(&c, drv);
+	if (ret)
+		return ret;
+	switch (di.state) {
+	case HYBD_STATE_WAITING:
+		break;
+	case HYBD_STATE_LIVE:
+		ret = hybd_ctl_handover(dev->id);
+		if (ret)
+			return ret;
+		break;
+	case HYBD_STATE_ADDED:
+		return hybd__err(-EBUSY, "%s is not started yet: its server (pid %d) is still setting it up",
+				 dev->path, di.server_pid);
+	default:
+		return hybd__err(-ENODEV, "%s is dead or being deleted: there is nothing to take over",
+				 dev->path);
+	}
+
+	snprintf(path, sizeof(path), HYBD_DEV_DIR HYBD_SRV_NAME_FMT, dev->id);
+	for (;;) {
+		fd = open(path, O_RDWR | O_CLOEXEC);
+		if (fd >= 0)
+			break;
+		if (errno != EBUSY)
+			return hybd__err(-errno, "cannot open %s", path);
+		if (waited >= ATTACH_WAIT_MS * 1000U)
+			return hybd__err(-EBUSY, "the server of %s (pid %d) did not hand it over within %u s",
+					 dev->path, di.server_pid,
+					 ATTACH_WAIT_MS / 1000);
+		usleep(ATTACH_DELAY_US);
+		waited += ATTACH_DELAY_US;
+	}
+	dev->srv_fd = fd;
+	dev->attached = true;
+	return 0;
 }
 
 static int srv_get_info(struct hybd_dev *dev, struct hybd_srv_info *info)
@@ -228,10 +296,13 @@ int hybd_dev_create_sized(const struct hybd_config *cfg_in, size_t cfg_size,
 				 HYBD_DRIVER_SIZE_1_0, "struct hybd_driver");
 	if (!ret)
 		ret = hybd__resolve_ops(&cfg, hybd__driver_ops(&drv));
-	if (!ret)
+	if (!ret && !(cfg.lib_flags & HYBD_CFG_ATTACH))
 		ret = check_handlers(&cfg, &drv);
 	if (ret)
 		return ret;
+	if (cfg.lib_flags & HYBD_CFG_ATTACH && cfg.dev_id < 0)
+		return hybd__err(-EINVAL,
+				 "HYBD_CFG_ATTACH: dev_id must name the device to take over");
 	if (cfg.io_priv_size > HYBD_MAX_IO_PRIV)
 		return hybd__err(-EINVAL, "io_priv_size %u: at most %u bytes",
 				 cfg.io_priv_size, HYBD_MAX_IO_PRIV);
@@ -244,6 +315,9 @@ int hybd_dev_create_sized(const struct hybd_config *cfg_in, size_t cfg_size,
 		ret = hybd_ctl_features(&feat);
 	if (ret)
 		return ret;
+	if (cfg.recovery_timeout && !(feat.features & HYBD_F_RECOVERY))
+		return hybd__err(-EOPNOTSUPP,
+				 "the hybd module has no recovery mode (HYBD_F_RECOVERY): update it, or set no recovery timeout");
 
 	dev = calloc(1, sizeof(*dev));
 	if (!dev)
@@ -260,6 +334,24 @@ int hybd_dev_create_sized(const struct hybd_config *cfg_in, size_t cfg_size,
 	dev->priv = priv;
 	pthread_mutex_init(&dev->lock, NULL);
 	pthread_cond_init(&dev->cond, NULL);
+
+	if (cfg.lib_flags & HYBD_CFG_ATTACH) {
+		dev->id = cfg.dev_id;
+		snprintf(dev->path, sizeof(dev->path),
+			 HYBD_DEV_DIR HYBD_DISK_NAME_FMT, dev->id);
+		ret = srv_attach(dev, &cfg, &drv);
+		if (!ret)
+			ret = srv_get_info(dev, &info);
+		if (!ret)
+			ret = map_queues(dev, &info);
+		if (ret) {
+			/* the device waits on for another server */
+			dev_free(dev);
+			return ret;
+		}
+		*devp = dev;
+		return 0;
+	}
 
 	ret = hybd__ctl_add_params(&params, cfg.dev_id, &dev->id);
 	if (ret)
@@ -499,6 +591,37 @@ void hybd__worker_stopped(struct hybd_queue *q, int err)
 	pthread_mutex_unlock(&dev->lock);
 }
 
+/*
+ * HYBD_CFG_ATTACH: the kernel rewinds the rings and issues again what the
+ * old server left; the workers start only then, from the rewound indices.
+ */
+static int resume(struct hybd_dev *dev)
+{
+	unsigned int i;
+	int ret;
+
+	do {
+		ret = ioctl(dev->srv_fd, HYBD_SRV_START, 0);
+	} while (ret < 0 && errno == EINTR);
+	if (ret < 0)
+		return hybd__err(-errno, "cannot resume %s (HYBD_SRV_START)",
+				 dev->path);
+	for (i = 0; i < dev->nr_queues; i++) {
+		struct hybd_queue *q = &dev->queues[i];
+
+		q->sq_head = hybd_load_acquire(&q->hdr->sq_head);
+		q->cq_tail = hybd_load_acquire(&q->hdr->cq_tail);
+	}
+	/* if this fails, closing the node leaves the device waiting again */
+	ret = start_workers(dev);
+	if (ret)
+		return ret;
+	pthread_mutex_lock(&dev->lock);
+	dev->started = true;
+	pthread_mutex_unlock(&dev->lock);
+	return 0;
+}
+
 int hybd_dev_start(struct hybd_dev *dev)
 {
 	int ret;
@@ -507,6 +630,8 @@ int hybd_dev_start(struct hybd_dev *dev)
 		return hybd__err(-EINVAL, "hybd_dev_start: no device");
 	if (dev->started)
 		return hybd__err(-EALREADY, "%s is already started", dev->path);
+	if (dev->attached)
+		return resume(dev);
 
 	ret = start_workers(dev);
 	if (ret)
@@ -564,6 +689,12 @@ int hybd_dev_delete(struct hybd_dev *dev)
 
 	if (!dev)
 		return hybd__err(-EINVAL, "hybd_dev_delete: no device");
+	if (hybd_load_acquire(&dev->handed_over)) {
+		/* the new server has it: let go, delete nothing */
+		stop_workers(dev);
+		dev_free(dev);
+		return 0;
+	}
 	pthread_mutex_lock(&dev->lock);
 	running = dev->nr_running;
 	pthread_mutex_unlock(&dev->lock);
@@ -586,6 +717,11 @@ int hybd_dev_delete(struct hybd_dev *dev)
 		ret = 0;
 	dev_free(dev);
 	return ret;
+}
+
+int hybd_dev_handed_over(const struct hybd_dev *dev)
+{
+	return hybd_load_acquire(&dev->handed_over);
 }
 
 int hybd_dev_id(const struct hybd_dev *dev)

@@ -214,6 +214,10 @@ int hybd__param_errmsg(char *buf, size_t size, const struct hybd_params *p,
 		return snprintf(buf, size,
 				"I/O timeout %u s: must be at most %u s (0: none)",
 				b->io_timeout, HYBD_MAX_IO_TIMEOUT);
+	case HYBD_PERR_RECOVERY:
+		return snprintf(buf, size,
+				"recovery timeout %u s: must be at most %u s (0: none)",
+				b->recovery_timeout, HYBD_MAX_RECOVERY_TIMEOUT);
 	default:
 		return generic_errmsg(buf, size, err);
 	}

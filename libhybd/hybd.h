@@ -57,7 +57,7 @@ extern "C" {
 #include <stddef.h>
 
 #define HYBD_LIB_VERSION_MAJOR	1
-#define HYBD_LIB_VERSION_MINOR	5
+#define HYBD_LIB_VERSION_MINOR	6
 /* what hybd_lib_version() returns for a given version */
 #define HYBD_LIB_VERSION(major, minor)	(((major) << 16) | (minor))
 
@@ -77,6 +77,18 @@ unsigned int hybd_lib_version(void);
 
 /* hybd_config.lib_flags */
 #define HYBD_CFG_NO_AFFINITY	(1U << 0)	/* do not pin workers to CPUs */
+/*
+ * Since 1.6: hybd_dev_create() (and hybd_run()) take over the existing
+ * device dev_id instead of adding one: a device WAITING for a new server
+ * (its server died in recovery mode), or a live one, whose server is asked
+ * to hand over (HYBD_CTL_HANDOVER: it drains and exits) first.  The
+ * device keeps its own parameters: the config's size, if set, must match
+ * them, and the driver must have a handler for each of the device's ops;
+ * the other device fields of the config are ignored.  hybd_dev_start()
+ * then resumes the device: the requests the old server left are issued
+ * again to the new one.  Needs HYBD_F_RECOVERY.
+ */
+#define HYBD_CFG_ATTACH		(1U << 1)
 
 /*
  * Device parameters.  Always start from hybd_config_init(); the kernel checks
@@ -104,7 +116,11 @@ struct hybd_config {
 					 * worker itself (at most 256) */
 	uint32_t io_priv_size;		/* bytes of hybd_io_data() per request
 					 * (at most 1 MiB) */
-	uint32_t reserved[7];		/* zero (set by hybd_config_init) */
+	/* since 1.6 */
+	uint32_t recovery_timeout;	/* seconds to hold I/O for a new
+					 * server when this one dies; 0: fail
+					 * it at once (HYBD_F_RECOVERY) */
+	uint32_t reserved[6];		/* zero (set by hybd_config_init) */
 };
 
 /* hybd_config_init()'s memory budget: at most this many queues... */
@@ -305,11 +321,24 @@ int hybd_dev_stop(struct hybd_dev *dev);
  * unexpected error.  May run in another thread than the other hybd_dev_*
  * calls, including hybd_dev_delete().
  *
- * RETURN VALUE: 0 if the workers exited because the device went away or
- * was stopped, the negative errno that made a worker give up otherwise,
- * -EINVAL if the device was never started.
+ * They also exit, one queue after the other, when a new server takes the
+ * device over (HYBD_CFG_ATTACH in another process): each worker stops
+ * taking requests, waits for the ones its handlers hold (asynchronous ones
+ * too) and hands their completions to the kernel; what it did not take
+ * goes to the new server.  hybd_dev_handed_over() then says so, and
+ * hybd_dev_delete() lets the device go without deleting it.
+ *
+ * RETURN VALUE: 0 if the workers exited because the device went away, was
+ * stopped or handed over, the negative errno that made a worker give up
+ * otherwise, -EINVAL if the device was never started.
  */
 int hybd_dev_wait(struct hybd_dev *dev);
+
+/*
+ * hybd_dev_handed_over - did a new server take the device over?  (Since
+ * 1.6.)  RETURN VALUE: 1 once a worker has handed its queue over, else 0.
+ */
+int hybd_dev_handed_over(const struct hybd_dev *dev);
 
 /*
  * hybd_dev_delete - delete the device and free @dev.
@@ -318,6 +347,9 @@ int hybd_dev_wait(struct hybd_dev *dev);
  * completing every outstanding request through the workers (asynchronous
  * ones too), then the workers exit.  If that fails (-EINTR, ...) nothing
  * changed and @dev stays valid.
+ *
+ * A device this process handed over to a new server is not deleted: @dev
+ * is freed and its server node closed, and the new server serves on.
  *
  * If the device is not being served (never started, stopped, or workers
  * exited), @dev is freed in every case: its rings are unmapped and the
@@ -495,6 +527,16 @@ int hybd_ctl_del(uint32_t id);
  * RETURN VALUE: 0 or -errno (-EOPNOTSUPP: a flag the kernel does not know).
  */
 int hybd_ctl_del_flags(uint32_t id, uint32_t flags);
+
+/*
+ * hybd_ctl_handover - ask the server of live device @id to drain and exit,
+ * so that a new server can take it over (since 1.6; HYBD_F_RECOVERY).  The
+ * device then holds its I/O for the new server (HYBD_CFG_ATTACH) for its
+ * recovery timeout, or HYBD_HANDOVER_TIMEOUT seconds if it has none.
+ * RETURN VALUE: 0 (also if the device has no server), or -errno (-ENODEV:
+ * no such device, or it is not live).
+ */
+int hybd_ctl_handover(uint32_t id);
 
 /*
  * hybd_ctl_add - add a device described by @cfg without serving it.  It

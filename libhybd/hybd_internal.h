@@ -122,6 +122,8 @@ struct hybd_dev {
 
 	int			stop;		/* atomic: workers must exit */
 	bool			started;	/* HYBD_SRV_START succeeded */
+	bool			attached;	/* HYBD_CFG_ATTACH: resume it */
+	int			handed_over;	/* atomic: a worker drained */
 	pthread_mutex_t		lock;		/* protects what follows */
 	pthread_cond_t		cond;
 	unsigned int		nr_running;	/* workers alive */

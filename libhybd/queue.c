@@ -486,6 +486,64 @@ static int worker_io(struct hybd_queue *q, uint16_t flags)
 	return ret < 0 ? ret : 0;
 }
 
+/* Has a new server asked for the queue (HYBD_CTL_HANDOVER)? */
+static bool handing_over(struct hybd_queue *q)
+{
+	return hybd_load_acquire(&q->hdr->flags) & HYBD_RING_DRAIN;
+}
+
+static bool holds_requests(struct hybd_queue *q)
+{
+	unsigned int i;
+
+	for (i = 0; i < q->depth; i++) {
+		if (__atomic_load_n(&q->ios[i].busy, __ATOMIC_ACQUIRE))
+			return true;
+	}
+	return false;
+}
+
+/*
+ * HYBD_RING_DRAIN: take nothing more; finish what the handlers hold
+ * (serving the watched fds meanwhile), hand every completion to the
+ * kernel, and leave.  What we did not take goes to the new server.
+ */
+static int worker_hand_over(struct hybd_queue *q)
+{
+	struct pollfd pfd[HYBD_QUEUE_MAX_FDS];
+	unsigned int i;
+	int ret;
+
+	for (;;) {
+		ret = worker_io(q, 0);
+		if (ret)
+			return ret;
+		if (!holds_requests(q) && !uncommitted(q))
+			break;
+		for (i = 0; i < q->nr_watch; i++) {
+			pfd[i].fd = q->watch[i].fd;
+			pfd[i].events = POLLIN;
+		}
+		if (!q->nr_watch) {
+			usleep(1000);
+			continue;
+		}
+		if (poll(pfd, q->nr_watch, 1) <= 0)
+			continue;
+		for (i = 0; i < q->nr_watch; i++) {
+			if (pfd[i].revents & POLLNVAL)
+				return hybd__err(-EBADF,
+						 "queue %u: watched fd %d was closed",
+						 q->id, q->watch[i].fd);
+			if (pfd[i].revents)
+				q->watch[i].cb(q, q->watch[i].fd,
+					       q->watch[i].arg);
+		}
+	}
+	hybd_store_release(&q->dev->handed_over, 1);
+	return 0;
+}
+
 /*
  * The classic loop: commit and sleep in the kernel.  Wait only if no
  * submission is visible already (another thread's commit may have made the
@@ -502,6 +560,8 @@ static int worker_loop_wait(struct hybd_queue *q)
 		ret = worker_io(q, stop || pending ? 0 : HYBD_SRV_IO_WAIT);
 		if (ret || stop)
 			return ret;
+		if (handing_over(q))
+			return worker_hand_over(q);
 		if (hybd__queue_drain(q) && drv->queue_idle)
 			drv->queue_idle(q);
 	}
@@ -525,6 +585,8 @@ static int worker_loop_poll(struct hybd_queue *q)
 		ret = worker_io(q, stop ? 0 : HYBD_SRV_IO_ARM);
 		if (ret || stop)
 			return ret;
+		if (handing_over(q))
+			return worker_hand_over(q);
 		if (hybd__queue_drain(q))
 			continue;
 		if (drv->queue_idle)

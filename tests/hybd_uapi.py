@@ -21,14 +21,17 @@ MAX_QUEUE_BUF = 256 << 20
 MAX_DEV_BUF = 1 << 30
 MAX_POLL_NS = 1000000
 MAX_IO_TIMEOUT = 3600
+MAX_RECOVERY_TIMEOUT = 86400
+HANDOVER_TIMEOUT = 30
 DEV_ID_ANY = 0xFFFFFFFF
 
 F_RINGS, F_POLL, F_SEQ_CHECK, F_BPF = 1, 2, 4, 8
 F_IO_TIMEOUT, F_DEL_FORCE = 16, 32
 F_EVENTFD, F_QUEUE_CPUS, F_MEM_INFO, F_PASS_ZEROES = 64, 128, 256, 512
+F_RECOVERY = 1024
 F_KNOWN = (F_RINGS | F_POLL | F_SEQ_CHECK | F_BPF | F_IO_TIMEOUT |
            F_DEL_FORCE | F_EVENTFD | F_QUEUE_CPUS | F_MEM_INFO |
-           F_PASS_ZEROES)
+           F_PASS_ZEROES | F_RECOVERY)
 DEL_F_FORCE = 1
 
 OPF_READ, OPF_WRITE, OPF_FLUSH, OPF_FUA = 1, 2, 4, 8
@@ -42,17 +45,20 @@ PARAM_BASIC, PARAM_DISCARD = 1, 2
 (PERR_NONE, PERR_LEN, PERR_TYPES, PERR_RESERVED, PERR_DEV_ID, PERR_SIZE,
  PERR_LOGICAL_BS, PERR_PHYSICAL_BS, PERR_MAX_IO, PERR_QUEUES, PERR_DEPTH,
  PERR_QUEUE_BUF, PERR_OPS, PERR_FLAGS, PERR_POLL, PERR_DISCARD,
- PERR_IO_TIMEOUT, PERR_DEV_BUF) = range(18)
+ PERR_IO_TIMEOUT, PERR_DEV_BUF, PERR_RECOVERY) = range(19)
+
+# enum hybd_dev_state
+STATE_ADDED, STATE_LIVE, STATE_DEAD, STATE_DELETING, STATE_WAITING = range(5)
 
 # struct layouts (little-endian x86-64, natural alignment)
-BASIC_FMT = "QIIIHHIIII4Q"          # struct hybd_param_basic, 72 bytes
+BASIC_FMT = "QIIIHHIIIIII3Q"        # struct hybd_param_basic, 72 bytes
 DISCARD_FMT = "IIII2Q"              # struct hybd_param_discard, 32 bytes
 PARAMS_FMT = "<II" + BASIC_FMT + DISCARD_FMT    # struct hybd_params, 112
 ADD_HDR_FMT = "<IIII2Q"             # struct hybd_ctl_add up to params, 32
 CTL_DEV_FMT = "<IIII"               # struct hybd_ctl_dev, 16
 FEATURES_FMT = "<IIQ2Q"             # struct hybd_ctl_features, 32
 LIST_FMT = "<IIQ"                   # struct hybd_ctl_list, 16
-INFO_HDR_FMT = "<IIIiIIII16sQ3Q"    # struct hybd_dev_info up to params, 80
+INFO_HDR_FMT = "<IIIiIIII16sQIIQQ"  # struct hybd_dev_info up to params, 80
 NR_STATS = 32                       # struct hybd_dev_stats: 32 __u64
 LAT_BUCKETS = 32
 STATS_HDR_FMT = "<IIIIQ2Q"          # struct hybd_ctl_stats up to total, 40
@@ -68,7 +74,7 @@ STATS_FIELDS = (
     "failed_dead", "reads", "writes", "flushes", "fua", "discards",
     "write_zeroes", "rej_bad_tag", "rej_not_outstanding", "rej_stale_seq",
     "rej_bad_result", "rej_ring_index", "bpf_bad_ret", "timed_out",
-    "bpf_unfilled", "bpf_pass_zeroes",
+    "bpf_unfilled", "bpf_pass_zeroes", "held", "reissued",
 )
 
 SIZES = {
@@ -99,6 +105,7 @@ CTL_DEL = _ioc(_IOC_WRITE, 0x02, SIZES["struct hybd_ctl_dev"])
 CTL_INFO = _ioc(_IOC_READ | _IOC_WRITE, 0x03, INFO_SIZE)
 CTL_LIST = _ioc(_IOC_READ | _IOC_WRITE, 0x04, SIZES["struct hybd_ctl_list"])
 CTL_STATS = _ioc(_IOC_READ | _IOC_WRITE, 0x05, STATS_SIZE)
+CTL_HANDOVER = _ioc(_IOC_WRITE, 0x06, SIZES["struct hybd_ctl_dev"])
 
 IOCTLS = {
     "HYBD_CTL_GET_FEATURES": CTL_GET_FEATURES,
@@ -107,6 +114,7 @@ IOCTLS = {
     "HYBD_CTL_INFO": CTL_INFO,
     "HYBD_CTL_LIST": CTL_LIST,
     "HYBD_CTL_STATS": CTL_STATS,
+    "HYBD_CTL_HANDOVER": CTL_HANDOVER,
 }
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -145,10 +153,10 @@ class Control:
 
 def basic(size=16 << 20, lbs=4096, pbs=0, max_io=128 << 10, queues=1,
           depth=16, ops=OPF_READ | OPF_WRITE, flags=0, poll_ns=0,
-          io_timeout=0, reserved=(0, 0, 0, 0)):
+          io_timeout=0, recovery=0, reserved0=0, reserved=(0, 0, 0)):
     """Field values of a struct hybd_param_basic, as a list."""
     return [size, lbs, pbs, max_io, queues, depth, ops, flags, poll_ns,
-            io_timeout, *reserved]
+            io_timeout, recovery, reserved0, *reserved]
 
 
 def discard_block(max_discard=0, granularity=0, max_wz=0, reserved0=0,
@@ -189,6 +197,25 @@ def delete(ctl, dev_id, flags=0, reserved0=0, length=None):
     buf = bytearray(struct.pack(CTL_DEV_FMT, size if length is None else length,
                                 dev_id, flags, reserved0))
     return ioctl(ctl.fd, CTL_DEL, buf)
+
+
+def handover(ctl, dev_id, flags=0, reserved0=0):
+    """HYBD_CTL_HANDOVER; returns errno (0 on success)."""
+    size = SIZES["struct hybd_ctl_dev"]
+    buf = bytearray(struct.pack(CTL_DEV_FMT, size, dev_id, flags, reserved0))
+    return ioctl(ctl.fd, CTL_HANDOVER, buf)
+
+
+def info_recovery(ctl, dev_id):
+    """HYBD_CTL_INFO; returns (errno, dict of the recovery fields)."""
+    buf = bytearray(INFO_SIZE)
+    struct.pack_into("<II", buf, 0, INFO_SIZE, dev_id)
+    e = ioctl(ctl.fd, CTL_INFO, buf)
+    if e:
+        return e, None
+    f = struct.unpack_from(INFO_HDR_FMT, buf)
+    return 0, {"state": f[2], "server_pid": f[3], "recovery_left_ms": f[10],
+               "recoveries": f[11], "no_server_ns": f[12]}
 
 
 def features(ctl):
@@ -260,6 +287,7 @@ int main(void)
 	S(struct hybd_dev_stats) S(struct hybd_queue_stat)
 	I(HYBD_CTL_GET_FEATURES) I(HYBD_CTL_ADD) I(HYBD_CTL_DEL)
 	I(HYBD_CTL_INFO) I(HYBD_CTL_LIST) I(HYBD_CTL_STATS)
+	I(HYBD_CTL_HANDOVER)
 	return 0;
 }
 """

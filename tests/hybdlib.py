@@ -41,6 +41,8 @@ T_CMD = 60 * _SLOW      # a control command (hybdctl attach, rmmod, ...)
 T_READY = 60 * _SLOW    # a server printing its ready line
 T_STOP = 60 * _SLOW     # a server exiting after SIGTERM
 T_IO = 300          # a bounded I/O job (fio, dd, mkfs)
+# make test-long: the full kill, handover, delete and fuzz counts
+LONG = os.environ.get("HYBD_LONG") == "1"
 
 COUNTERS_RE = re.compile(
     r"^ramdisk: reads=(\d+) writes=(\d+) flushes=(\d+) fua=(\d+) "
@@ -48,7 +50,7 @@ COUNTERS_RE = re.compile(
 COUNTER_NAMES = ("reads", "writes", "flushes", "fua", "discards", "write_zeroes")
 
 # enum hybd_dev_state, as hybdctl names them
-STATES = ("added", "live", "dead", "deleting")
+STATES = ("added", "live", "dead", "deleting", "waiting")
 
 # struct hybd_dev_stats, in order (the names hybdctl info --json uses)
 STATS_FIELDS = (
@@ -56,7 +58,7 @@ STATS_FIELDS = (
     "failed_dead", "reads", "writes", "flushes", "fua", "discards",
     "write_zeroes", "rej_bad_tag", "rej_not_outstanding", "rej_stale_seq",
     "rej_bad_result", "rej_ring_index", "bpf_bad_ret", "timed_out",
-    "bpf_unfilled", "bpf_pass_zeroes",
+    "bpf_unfilled", "bpf_pass_zeroes", "held", "reissued",
 )
 REJ_FIELDS = tuple(f for f in STATS_FIELDS if f.startswith("rej_"))
 

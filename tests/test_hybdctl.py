@@ -39,7 +39,7 @@ OPTIONS = {
 
 # the keys of list --json, one per column of the text
 LIST_KEYS = {"id", "path", "state", "size", "nr_hw_queues", "queue_depth",
-             "server_pid"}
+             "server_pid", "recovery_left_ms"}
 
 
 # ----------------------------------------------------------- help, errors

@@ -8,7 +8,9 @@
   the waiting `hybdctl del` can be killed (the delete goes on);
 - a server killed while its own delete drains dirty data exits;
 - a server whose child keeps the server node open is still seen to die;
-- deletes racing with fio on two queues at QD32 leave nothing behind.
+- deletes racing with fio on two queues at QD32, whatever the server's
+  state (serving, stopped, dead, waiting for recovery, under a mount),
+  return and leave nothing behind.
 
 Tests that leave a task blocked arm the hung-task detector at a short
 interval, so that a task stuck in the kernel fails them.
@@ -27,9 +29,10 @@ from pathlib import Path
 
 import pytest
 
-from hybdlib import (T_STOP, add_device, device_ids, list_devices, direct_read, direct_write,
-                     free_id, hybdctl, info, io_errno, need_tool, pattern,
-                     reap, stack_of, state_of, wait_for)
+from hybdlib import (LONG, T_STOP, add_device, device_ids, list_devices,
+                     direct_read, direct_write, free_id, hybdctl, info,
+                     io_errno, io_uring_usable, need_tool, pattern, reap,
+                     stack_of, state_of, wait_for)
 
 MiB = 1 << 20
 HUNG_TASK_SECS = 5
@@ -44,12 +47,14 @@ IO_ERRORS = (r"I/O error|Buffer I/O|lost (async )?page write|"
 
 
 @pytest.fixture
-def short_hung_task():
-    """kernel.hung_task_timeout_secs = 5 for the test: any task blocked in
-    D state that long is reported (and the kernel-log check fails it)."""
+def short_hung_task(request):
+    """kernel.hung_task_timeout_secs = 5 for the test (or what its
+    hung_task_secs mark says): any task blocked in D state that long is
+    reported (and the kernel-log check fails it)."""
+    mark = request.node.get_closest_marker("hung_task_secs")
     path = Path("/proc/sys/kernel/hung_task_timeout_secs")
     old = path.read_text().strip()
-    path.write_text(str(HUNG_TASK_SECS))
+    path.write_text(str(mark.args[0] if mark else HUNG_TASK_SECS))
     yield
     path.write_text(old)
 
@@ -142,6 +147,9 @@ def test_late_server_request_times_out_and_its_completion_is_rejected(badserver)
 
 
 @pytest.mark.kmsg_allow(IO_ERRORS)
+# the delete's worker waits for the 8 s I/O timeout: legitimately blocked
+# that long, not hung
+@pytest.mark.hung_task_secs(15)
 def test_del_of_a_stopped_server_ends_with_the_io_timeout(ramdisk,
                                                           short_hung_task):
     # 8 s: the read must still be outstanding when the delete starts,
@@ -279,33 +287,78 @@ def test_a_child_holding_the_server_node_does_not_keep_a_dead_server_alive(
 
 # ---------------------------------------------------------------- races
 
-@pytest.mark.time_limit(900)
-@pytest.mark.kmsg_allow(IO_ERRORS)
-def test_delete_racing_fio_on_two_queues_at_qd32(ramdisk):
+DELETE_ROUNDS = 20 if LONG else 2
+FS_ERRORS = (r"|EXT4-fs|JBD2|Aborting journal|Remounting filesystem|"
+             r"shut ?down")
+
+
+@pytest.mark.time_limit(3600 if LONG else 900)
+@pytest.mark.kmsg_allow(IO_ERRORS + FS_ERRORS)
+@pytest.mark.parametrize("engine", ["libaio", "io_uring"])
+@pytest.mark.parametrize("how", ["served", "stalled", "dead", "waiting",
+                                 "mounted"])
+def test_delete_under_fio_on_two_queues_at_qd32(ramdisk, tmp_path, how,
+                                                engine):
+    """Delete a device while fio runs on it (2 jobs, 2 queues, QD32) in
+    every state its server can be in: serving, stopped (SIGSTOP), dead,
+    dead with recovery (I/O held for a new server), and under a mounted
+    file system.  The delete returns, fio gets errors and exits, the id
+    is free again (and reused by the next round)."""
+    if engine == "io_uring" and not io_uring_usable():
+        pytest.skip("io_uring is not usable here")
     exe = need_tool("fio")
+    mkfs = need_tool("mkfs.ext4") if how == "mounted" else None
     dev_id = free_id()
     rng = random.Random(6)
-    for i in range(20):
-        srv = ramdisk(size="32M", queues=2, depth=32, id=dev_id)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    for i in range(DELETE_ROUNDS):
+        srv = ramdisk(size="64M", queues=2, depth=32, id=dev_id,
+                      io_timeout=5, recovery=60 if how == "waiting" else None)
         assert srv.id == dev_id
+        target, size = srv.dev, "32M"
+        if how == "mounted":
+            subprocess.run([mkfs, "-F", "-q", srv.dev], check=True,
+                           timeout=300)
+            subprocess.run(["mount", "-t", "ext4", srv.dev, mnt], check=True,
+                           timeout=120)
+            target, size = mnt / "fio.dat", "16M"
         load = subprocess.Popen(
-            [exe, "--name=race", f"--filename={srv.dev}", "--direct=1",
-             "--ioengine=libaio", "--iodepth=32", "--numjobs=2",
-             "--rw=randrw", "--bs=4k", "--size=32M", "--time_based",
-             "--runtime=60", "--group_reporting"],
+            [exe, "--name=race", f"--filename={target}", "--direct=1",
+             f"--ioengine={engine}", "--iodepth=32", "--numjobs=2",
+             "--rw=randrw", "--bs=4k", f"--size={size}", "--time_based",
+             "--runtime=120", "--group_reporting"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             cwd="/tmp")
         try:
             wait_for(lambda: info(dev_id)["stats"]["slow_done"] > 64, 60,
                      "fio's I/O to flow")
             time.sleep(rng.uniform(0, 0.5))
+            if how == "stalled":
+                stop_server(srv)
+            elif how in ("dead", "waiting"):
+                srv.kill()
+                want = "dead" if how == "dead" else "waiting"
+                wait_for(lambda: info(dev_id)["state"] == want, BOUND, want)
+            t0 = time.monotonic()
             rc, _, err = hybdctl("del", "--in-use", str(dev_id),
                                  timeout=BOUND * 2)
+            took = time.monotonic() - t0
             assert rc == 0, f"round {i}: {err}"
+            assert took < BOUND, f"round {i}: del took {took:.1f}s"
             wait_exit(load, BOUND, f"round {i}: fio after the delete")
+            assert load.returncode != 0, f"round {i}: fio saw no error"
         finally:
             reap(load)
-        srv.wait(T_STOP)
+            if how == "mounted":
+                res = subprocess.run(["umount", mnt], capture_output=True,
+                                     text=True, timeout=120)
+                if res.returncode:
+                    subprocess.run(["umount", "-l", mnt], timeout=60)
+        if how == "stalled":
+            resume_and_reap(srv)
+        else:
+            srv.wait(T_STOP)
         assert dev_id not in device_ids(), f"round {i}"
 
 

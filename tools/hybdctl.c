@@ -46,7 +46,8 @@ static const char general_help[] =
 static const char list_opts[] =
 "  --json        one JSON array of objects with the columns' values: id,\n"
 "                path, state, size (bytes), nr_hw_queues, queue_depth,\n"
-"                server_pid (0: no server)\n"
+"                server_pid (0: no server), recovery_left_ms (waiting: how\n"
+"                long held I/O waits for a new server)\n"
 "  -h, --help    show this help\n";
 
 static const char info_opts[] =
@@ -77,6 +78,8 @@ static const char add_opts[] =
 "  --poll-ns N             worker busy-poll before sleeping (default 0)\n"
 "  --io-timeout SECONDS    fail a request the server has not completed in\n"
 "                          time with EIO (default 30; 0: wait for ever)\n"
+"  --recovery SECONDS      when the server dies, hold I/O this long for a\n"
+"                          new one (default 0: fail it at once)\n"
 "  --id N                  wanted device id (default: any free one)\n"
 "  --max-discard BYTES     discard limit (default: the kernel's)\n"
 "  --discard-granularity BYTES\n"
@@ -157,6 +160,7 @@ static const char *const state_names[] = {
 	[HYBD_STATE_LIVE] = "live",
 	[HYBD_STATE_DEAD] = "dead",
 	[HYBD_STATE_DELETING] = "deleting",
+	[HYBD_STATE_WAITING] = "waiting",
 };
 
 #define STAT(field) { #field, offsetof(struct hybd_dev_stats, field) }
@@ -170,7 +174,7 @@ static const struct {
 	STAT(write_zeroes), STAT(rej_bad_tag), STAT(rej_not_outstanding),
 	STAT(rej_stale_seq), STAT(rej_bad_result), STAT(rej_ring_index),
 	STAT(bpf_bad_ret), STAT(timed_out), STAT(bpf_unfilled),
-	STAT(bpf_pass_zeroes),
+	STAT(bpf_pass_zeroes), STAT(held), STAT(reissued),
 };
 
 static const struct {
@@ -187,6 +191,7 @@ static const struct {
 	{ HYBD_F_QUEUE_CPUS, "queue_cpus" },
 	{ HYBD_F_MEM_INFO, "mem_info" },
 	{ HYBD_F_PASS_ZEROES, "pass_zeroes" },
+	{ HYBD_F_RECOVERY, "recovery" },
 };
 
 #define ARRAY_SIZE(a)	(sizeof(a) / sizeof((a)[0]))
@@ -265,6 +270,10 @@ static int option_error(const char *cmd, int c, char **argv,
 	}
 	return usage_error(cmd, "unknown option '%s'", arg);
 }
+
+/* "waiting:12s" for a device holding I/O for a new server (list). */
+static const char *state_text(const struct hybd_dev_info *info, char *buf,
+			      size_t size);
 
 static const char *state_name(uint32_t state)
 {
@@ -411,18 +420,20 @@ static int cmd_list(int argc, char **argv)
 			printf("%s{\"id\":%u,\"path\":\"/dev/hybd%u\","
 			       "\"state\":\"%s\",\"size\":%" PRIu64 ","
 			       "\"nr_hw_queues\":%u,\"queue_depth\":%u,"
-			       "\"server_pid\":%d}", shown ? "," : "", ids[i],
+			       "\"server_pid\":%d,\"recovery_left_ms\":%u}",
+			       shown ? "," : "", ids[i],
 			       ids[i], state_name(info.state),
 			       (uint64_t)b->dev_size, b->nr_hw_queues,
-			       b->queue_depth, info.server_pid);
+			       b->queue_depth, info.server_pid,
+			       info.recovery_left_ms);
 		} else {
-			char dev[24];
+			char dev[24], state[24];
 
 			snprintf(dev, sizeof(dev), "/dev/hybd%u", ids[i]);
 			human_size(b->dev_size, size, sizeof(size));
+			state_text(&info, state, sizeof(state));
 			printf("%-4u %-12s %-9s %-10s %6u %6u ", ids[i], dev,
-			       state_name(info.state), size, b->nr_hw_queues,
-			       b->queue_depth);
+			       state, size, b->nr_hw_queues, b->queue_depth);
 			if (info.server_pid)
 				printf("%8d\n", info.server_pid);
 			else
@@ -504,6 +515,17 @@ static void counters_json(const struct hybd_dev_stats *c)
 		       stat_value(c, stat_fields[i].off));
 }
 
+static const char *state_text(const struct hybd_dev_info *info, char *buf,
+			      size_t size)
+{
+	if (info->state == HYBD_STATE_WAITING)
+		snprintf(buf, size, "waiting:%us",
+			 (info->recovery_left_ms + 999) / 1000);
+	else
+		snprintf(buf, size, "%s", state_name(info->state));
+	return buf;
+}
+
 static void info_json(uint32_t id, const struct hybd_dev_info *info)
 {
 	const struct hybd_param_basic *b = &info->params.basic;
@@ -528,6 +550,10 @@ static void info_json(uint32_t id, const struct hybd_dev_info *info)
 	       b->flags & HYBD_DEV_F_WRITE_CACHE ? "true" : "false",
 	       b->flags & HYBD_DEV_F_ZERO_WRITES ? "true" : "false",
 	       b->poll_ns, b->io_timeout);
+	printf("\"recovery_timeout\":%u,\"recovery_left_ms\":%u,"
+	       "\"recoveries\":%u,\"no_server_ns\":%" PRIu64 ",",
+	       b->recovery_timeout, info->recovery_left_ms, info->recoveries,
+	       (uint64_t)info->no_server_ns);
 	printf("\"max_discard_bytes\":%u,\"discard_granularity\":%u,"
 	       "\"max_write_zeroes_bytes\":%u,", d->max_discard_bytes,
 	       d->discard_granularity, d->max_write_zeroes_bytes);
@@ -547,7 +573,12 @@ static void info_text(uint32_t id, const struct hybd_dev_info *info)
 
 	printf("%-24s %u\n", "id", id);
 	printf("%-24s /dev/hybd%u\n", "path", id);
-	printf("%-24s %s\n", "state", state_name(info->state));
+	if (info->state == HYBD_STATE_WAITING)
+		printf("%-24s waiting for a server (held I/O fails in %u.%03u s)\n",
+		       "state", info->recovery_left_ms / 1000,
+		       info->recovery_left_ms % 1000);
+	else
+		printf("%-24s %s\n", "state", state_name(info->state));
 	if (info->server_pid)
 		printf("%-24s %d\n", "server_pid", info->server_pid);
 	else
@@ -577,6 +608,14 @@ static void info_text(uint32_t id, const struct hybd_dev_info *info)
 		printf("%-24s %u s\n", "io_timeout", b->io_timeout);
 	else
 		printf("%-24s none\n", "io_timeout");
+	if (b->recovery_timeout)
+		printf("%-24s %u s\n", "recovery_timeout",
+		       b->recovery_timeout);
+	else
+		printf("%-24s none\n", "recovery_timeout");
+	printf("%-24s %u\n", "recoveries", info->recoveries);
+	printf("%-24s %.3f s\n", "no_server_time",
+	       info->no_server_ns / 1e9);
 	printf("%-24s %u\n", "max_discard_bytes", d->max_discard_bytes);
 	printf("%-24s %u\n", "discard_granularity", d->discard_granularity);
 	printf("%-24s %u\n", "max_write_zeroes_bytes",
@@ -1286,7 +1325,7 @@ static int parse_bytes32(const char *opt, const char *s, uint32_t *v)
 enum {
 	OPT_SIZE = 256, OPT_LBS, OPT_PBS, OPT_QUEUES, OPT_DEPTH, OPT_MAX_IO,
 	OPT_OPS, OPT_NO_WC, OPT_POLL, OPT_ID, OPT_MAX_DISCARD,
-	OPT_DISCARD_GRAN, OPT_MAX_WZ, OPT_IO_TIMEOUT,
+	OPT_DISCARD_GRAN, OPT_MAX_WZ, OPT_IO_TIMEOUT, OPT_RECOVERY,
 };
 
 static int cmd_add(int argc, char **argv)
@@ -1302,6 +1341,7 @@ static int cmd_add(int argc, char **argv)
 		{ "no-write-cache", no_argument, NULL, OPT_NO_WC },
 		{ "poll-ns", required_argument, NULL, OPT_POLL },
 		{ "io-timeout", required_argument, NULL, OPT_IO_TIMEOUT },
+		{ "recovery", required_argument, NULL, OPT_RECOVERY },
 		{ "id", required_argument, NULL, OPT_ID },
 		{ "max-discard", required_argument, NULL, OPT_MAX_DISCARD },
 		{ "discard-granularity", required_argument, NULL,
@@ -1359,6 +1399,10 @@ static int cmd_add(int argc, char **argv)
 		case OPT_IO_TIMEOUT:
 			ret = parse_u32("--io-timeout", optarg,
 					&cfg.io_timeout);
+			break;
+		case OPT_RECOVERY:
+			ret = parse_u32("--recovery", optarg,
+					&cfg.recovery_timeout);
 			break;
 		case OPT_ID:
 			ret = parse_u32("--id", optarg, &id);
@@ -2154,6 +2198,8 @@ static void stats_text(uint32_t id, const struct hybd_dev_info *info,
 	       (uint64_t)c->bpf_unfilled);
 	printf("bpf_pass_zeroes: %" PRIu64 " (zero writes the fast path sent to the server as write-zeroes)\n",
 	       (uint64_t)c->bpf_pass_zeroes);
+	printf("held: %" PRIu64 " (requests that arrived while no server was attached)  reissued: %" PRIu64 " (issued again to a new server)\n",
+	       (uint64_t)c->held, (uint64_t)c->reissued);
 	putchar('\n');
 	print_histogram("fast path", st->total.fast_lat);
 	print_histogram("slow path", st->total.slow_lat);

@@ -6,6 +6,7 @@
  *           [--lbs N] [--pbs N] [--poll-ns N] [--no-write-cache] [--id N]
  *           [--io-timeout SECONDS] [--max-write-zeroes BYTES]
  *           [--zero-writes] [--bpf PROG.bpf.o] [--backing FILE]
+ *           [--recovery SECONDS] [--attach]
  *
  * It creates /dev/hybdN, prints "ready /dev/hybdN" once the disk exists and
  * serves it until SIGINT or SIGTERM.  Then it deletes the device (the
@@ -24,6 +25,12 @@
  * page cache), and the next ramdisk on FILE serves it again.  The device
  * has FILE's size unless --size says otherwise (FILE then grows to it);
  * a flush and a FUA write msync() what they must make durable.
+ *
+ * --recovery SECONDS: if this process dies, the kernel holds the device's
+ * I/O that long for a new server.  --attach (with --id N) is that new
+ * server: it takes device N over, a waiting one, or a live one whose
+ * server it asks to hand over (which then exits with "handed over").
+ * Only a --backing disk keeps its data across that.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -148,7 +155,8 @@ static const char usage[] =
 	"usage: ramdisk [--size BYTES] [--queues N] [--depth N] [--max-io BYTES]\n"
 	"               [--lbs N] [--pbs N] [--poll-ns N] [--no-write-cache] [--id N]\n"
 	"               [--io-timeout SECONDS] [--max-write-zeroes BYTES]\n"
-	"               [--zero-writes] [--bpf PROG.bpf.o] [--backing FILE]\n";
+	"               [--zero-writes] [--bpf PROG.bpf.o] [--backing FILE]\n"
+	"               [--recovery SECONDS] [--attach]\n";
 
 static const char *bpf_path;	/* --bpf */
 static const char *backing;	/* --backing */
@@ -172,6 +180,8 @@ static void parse_args(int argc, char **argv, struct hybd_config *cfg)
 		{ "zero-writes", no_argument, NULL, 'Z' },
 		{ "bpf", required_argument, NULL, 'b' },
 		{ "backing", required_argument, NULL, 'B' },
+		{ "recovery", required_argument, NULL, 'R' },
+		{ "attach", no_argument, NULL, 'A' },
 		{ NULL, 0, NULL, 0 },
 	};
 	int c, i = 0;
@@ -196,6 +206,8 @@ static void parse_args(int argc, char **argv, struct hybd_config *cfg)
 		case 'Z': cfg->flags |= HYBD_DEV_F_ZERO_WRITES; break;
 		case 'b': bpf_path = optarg; break;
 		case 'B': backing = optarg; break;
+		case 'R': cfg->recovery_timeout = number(name, optarg, UINT32_MAX); break;
+		case 'A': cfg->lib_flags |= HYBD_CFG_ATTACH; break;
 		case 'W':
 			/* nothing cached: no flush, no FUA */
 			cfg->flags &= ~HYBD_DEV_F_WRITE_CACHE;
@@ -205,6 +217,11 @@ static void parse_args(int argc, char **argv, struct hybd_config *cfg)
 			fputs(usage, stderr);
 			exit(2);
 		}
+	}
+	if ((cfg->lib_flags & HYBD_CFG_ATTACH) && (cfg->dev_id < 0 || bpf_path)) {
+		fputs("ramdisk: --attach needs --id N, and takes no --bpf (a fast path that outlives servers is pinned: hybdctl attach)\n",
+		      stderr);
+		exit(2);
 	}
 }
 
@@ -313,15 +330,19 @@ int main(int argc, char **argv)
 	ret = hybd_dev_wait(dev);
 	if (ret)
 		fail(hybd_errmsg(), ret);
+	else if (hybd_dev_handed_over(dev))
+		printf("ramdisk: %s handed over to a new server\n",
+		       hybd_dev_path(dev));
 	else if (!stopping)
 		fprintf(stderr, "ramdisk: %s was deleted underneath us\n",
 			hybd_dev_path(dev));
-	if (ret || !stopping) {
+	if (ret || (!stopping && !hybd_dev_handed_over(dev))) {
 		/* an unpinned fast path goes with the process */
 		hybd_dev_delete(dev);
 		return 1;
 	}
-	pthread_join(thread, NULL);
+	if (stopping)
+		pthread_join(thread, NULL);
 	hybd_dev_delete(dev);
 
 	printf("ramdisk: reads=%lu writes=%lu flushes=%lu fua=%lu discards=%lu write_zeroes=%lu\n",

@@ -46,6 +46,11 @@
 #define HYBD_MAX_POLL_NS	1000000U	/* 1 ms */
 #define HYBD_MAX_DEV_SIZE	(1ULL << 50)	/* 1 PiB */
 #define HYBD_MAX_IO_TIMEOUT	3600U		/* seconds */
+#define HYBD_MAX_RECOVERY_TIMEOUT 86400U	/* seconds */
+/* how long a device handed over (HYBD_CTL_HANDOVER) waits for the new
+ * server when it has no recovery_timeout of its own
+ */
+#define HYBD_HANDOVER_TIMEOUT	30U		/* seconds */
 #define HYBD_DEV_ID_ANY		((__u32)-1)
 
 /*
@@ -87,6 +92,13 @@
  * (counted in bpf_pass_zeroes); offered with HYBD_F_BPF only.
  */
 #define HYBD_F_PASS_ZEROES	(1ULL << 9)
+/*
+ * Recovery (see "Recovery and handover" below): hybd_param_basic.
+ * recovery_timeout, the WAITING state, a new server opening and starting
+ * a device whose server went away, HYBD_CTL_HANDOVER and
+ * HYBD_RING_DRAIN, and the held/reissued counters.
+ */
+#define HYBD_F_RECOVERY		(1ULL << 10)
 
 /*
  * Supported operations (hybd_param_basic.ops).  READ is mandatory; a
@@ -130,7 +142,13 @@ struct hybd_param_basic {
 	__u32	flags;		/* HYBD_DEV_F_* */
 	__u32	poll_ns;	/* busy-poll before sleeping, 0..HYBD_MAX_POLL_NS */
 	__u32	io_timeout;	/* seconds, 0..HYBD_MAX_IO_TIMEOUT; 0: none */
-	__u64	reserved[4];
+	/*
+	 * seconds, 0..HYBD_MAX_RECOVERY_TIMEOUT (HYBD_F_RECOVERY): when the
+	 * server goes away, hold I/O this long for a new one; 0: fail at once
+	 */
+	__u32	recovery_timeout;
+	__u32	reserved0;
+	__u64	reserved[3];
 };
 
 /* Only with HYBD_OPF_DISCARD or HYBD_OPF_WRITE_ZEROES; byte limits are
@@ -174,6 +192,7 @@ enum hybd_param_err {
 	HYBD_PERR_DISCARD,
 	HYBD_PERR_IO_TIMEOUT,
 	HYBD_PERR_DEV_BUF,	/* nr_hw_queues * depth * max_io too large */
+	HYBD_PERR_RECOVERY,	/* recovery_timeout out of range */
 	HYBD_PERR_MAX,
 };
 
@@ -213,6 +232,11 @@ enum hybd_dev_state {
 	HYBD_STATE_LIVE,	/* block device present, server attached */
 	HYBD_STATE_DEAD,	/* server gone: every request fails with EIO */
 	HYBD_STATE_DELETING,
+	/*
+	 * HYBD_F_RECOVERY: the server went away (or handed over) and I/O is
+	 * held for a new one until hybd_dev_info.recovery_left_ms runs out
+	 */
+	HYBD_STATE_WAITING,
 };
 
 /* Counters, summed over the hardware queues. */
@@ -243,7 +267,11 @@ struct hybd_dev_stats {
 	__u64	bpf_unfilled;	/* fast path DONE, read not filled: EIO */
 	/* writes the fast path sent to the server as write-zeroes */
 	__u64	bpf_pass_zeroes;
-	__u64	reserved[11];
+	/* HYBD_F_RECOVERY: requests published while no server was there */
+	__u64	held;
+	/* HYBD_F_RECOVERY: requests issued again to a new server */
+	__u64	reissued;
+	__u64	reserved[9];
 };
 
 /* HYBD_CTL_INFO */
@@ -265,7 +293,13 @@ struct hybd_dev_info {
 	 * the device pins
 	 */
 	__u64	mem_bytes;
-	__u64	reserved[3];
+	/* out, HYBD_F_RECOVERY: in WAITING, ms left before held I/O fails */
+	__u32	recovery_left_ms;
+	/* out, HYBD_F_RECOVERY: how often a new server took the device over */
+	__u32	recoveries;
+	/* out, HYBD_F_RECOVERY: ns spent WAITING since creation, in total */
+	__u64	no_server_ns;
+	__u64	reserved[1];
 	struct hybd_params	params;	/* out */
 	struct hybd_dev_stats	stats;	/* out */
 };
@@ -315,6 +349,16 @@ struct hybd_ctl_features {
 #define HYBD_CTL_INFO		_IOWR(HYBD_IOC_MAGIC, 0x03, struct hybd_dev_info)
 #define HYBD_CTL_LIST		_IOWR(HYBD_IOC_MAGIC, 0x04, struct hybd_ctl_list)
 #define HYBD_CTL_STATS		_IOWR(HYBD_IOC_MAGIC, 0x05, struct hybd_ctl_stats)
+/*
+ * HYBD_CTL_HANDOVER (HYBD_F_RECOVERY): ask the server of a live device to
+ * drain and leave, for a new server to take over (struct hybd_ctl_dev,
+ * flags 0).  Sets HYBD_RING_DRAIN and wakes every worker.  The device
+ * then keeps its I/O when the old server's file is released, as in
+ * recovery mode, for recovery_timeout (or HYBD_HANDOVER_TIMEOUT if it has
+ * none).  0 also if no server is attached (WAITING); -ENODEV for a device
+ * that is not live.
+ */
+#define HYBD_CTL_HANDOVER	_IOW(HYBD_IOC_MAGIC, 0x06, struct hybd_ctl_dev)
 
 /*
  * ---------------------------------------------------------------------
@@ -324,6 +368,31 @@ struct hybd_ctl_features {
  * One process at a time may open the server node.  When its last reference
  * goes (exit, crash, close), the device becomes DEAD: every outstanding and
  * later request fails with an I/O error, and the device can be deleted.
+ *
+ * Recovery and handover (HYBD_F_RECOVERY).  On a live device with a
+ * recovery_timeout, or one handed over (HYBD_CTL_HANDOVER), the release
+ * does not fail anything: the kernel accepts the completions the server
+ * had posted, and the device goes WAITING.  Requests in flight stay in
+ * flight; new ones run through the fast path as usual, and what it passes
+ * is held (counted in held).  A new process may then open the server node,
+ * map the queues and call HYBD_SRV_START, which resumes the device: every
+ * request still in flight is issued again (counted in reissued), in the
+ * order it was first issued, as slots 0..n-1 of a rewound ring (every
+ * index in the header is reset: sq_tail = n, the others 0), with a new
+ * seq and, for a write, its payload copied again.  A resumed server must
+ * not consume before HYBD_SRV_START returns, and reads its indices from
+ * the header after it.  If no server has resumed the device when the
+ * timeout runs out, everything held fails with EIO and the device is DEAD.
+ * A delete of a WAITING device fails what it holds at once.  The I/O
+ * timeout does not fail a request in recovery mode: it counts it in
+ * timed_out and holds it for a new server, and fails it only if it is
+ * still not done recovery_timeout later (the same holds, with
+ * HYBD_HANDOVER_TIMEOUT, for HYBD_HANDOVER_TIMEOUT seconds after a
+ * handover on a device without a recovery timeout).  HYBD_SRV_IO with
+ * WAIT or ARM on a device that waits for HYBD_SRV_START is -EBUSY.  A
+ * server process that is gone while its file stays open elsewhere (a
+ * child holding it) is failed like a dead one recovery_timeout after an
+ * I/O timeout first notices it: no new server can take that device over.
  *
  * Each hardware queue q has its own shared area, mmapped at offset
  * q * hybd_srv_info.queue_stride, hybd_srv_info.queue_map_size bytes long:
@@ -369,6 +438,13 @@ struct hybd_ctl_features {
  */
 #define HYBD_RING_NEED_WAKEUP	(1U << 0)	/* worker sleeps in HYBD_SRV_IO */
 #define HYBD_RING_DEAD		(1U << 1)	/* device is dead/deleted */
+/*
+ * HYBD_CTL_HANDOVER: a new server waits to take over.  Stop consuming,
+ * complete (and commit) what was taken, then close the server node; what
+ * was not consumed goes to the new server.  The kernel goes on publishing
+ * until the node is closed.
+ */
+#define HYBD_RING_DRAIN		(1U << 2)
 
 struct hybd_ring_hdr {
 	__u32	sq_tail;	/* written by the kernel */
