@@ -98,6 +98,16 @@ def reap(proc, timeout=10):
         return False
 
 
+def record(what, text):
+    """Keep a measurement for the run's report: appended to
+    RESULTS/records.txt (the guest's results directory), if there is one."""
+    where = os.environ.get("HYBD_RESULTS")
+    if where:
+        with open(os.path.join(where, "records.txt"), "a",
+                  encoding="utf-8") as f:
+            f.write(f"{what}: {text}\n")
+
+
 def run(cmd, timeout=T_CMD, input=None, check=False, env=None, cwd=None):
     """Run cmd (a list), bounded by timeout.
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from hybdlib import (LONG, T_CMD, T_STOP, device_ids, fio_verify, hybdctl,
-                     info, need_tool, reap, stack_of, state_of, wait_for)
+                     info, need_tool, reap, record, stack_of, state_of,
+                     wait_for)
 
 FUZZ = Path(__file__).parent / "helpers" / "fuzz.py"
 CALLS = int(os.environ.get("HYBD_FUZZ_CALLS", 100_000 if LONG else 10_000))
@@ -78,6 +79,7 @@ def test_fuzz_nodes_under_io(ramdisk):
         proc.stdin.flush()
         line, _ = read_line(proc, "fuzzed ", 60 + CALLS * 0.06)
         print(line)
+        record(f"fuzz seed {seed}", line)
         if " bad 0:" not in line:
             proc.stdin.close()      # it prints its findings and exits
             out, _ = proc.communicate(timeout=T_CMD)

@@ -28,7 +28,7 @@ import klog
 from hybdbpf import fastpath, need_bpf, prog  # noqa: F401 (fixture)
 from hybdlib import (LONG, RAMDISK, T_CMD, T_IO, direct_read, direct_write,
                      fio_verify, free_id, hybdctl, info, need_tool, pattern,
-                     run, wait_for)
+                     record, run, wait_for)
 
 MiB = 1 << 20
 KILLS = 20 if LONG else 5
@@ -137,6 +137,12 @@ def assert_clean_counters(dev, kills):
         s["write_zeroes"]), s
     rec = state(int(dev.removeprefix("/dev/hybd")))
     assert rec["recoveries"] == kills, rec
+    record(os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0],
+           f"{kills} takeovers; " + " ".join(
+               f"{k}={s[k]}" for k in ("slow_issued", "slow_done",
+                                       "fast_done", "held", "reissued",
+                                       "rej_stale_seq")) +
+           f" no_server={rec['no_server_ns'] / 1e9:.1f}s")
     return s
 
 
