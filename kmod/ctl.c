@@ -57,7 +57,8 @@ static long hybd_ctl_features(void __user *arg)
 	f.abi_version = HYBD_ABI_VERSION;
 	f.features = HYBD_F_RINGS | HYBD_F_POLL | HYBD_F_SEQ_CHECK |
 		     HYBD_F_IO_TIMEOUT | HYBD_F_DEL_FORCE | HYBD_F_EVENTFD |
-		     HYBD_F_QUEUE_CPUS | HYBD_F_MEM_INFO | HYBD_F_RECOVERY;
+		     HYBD_F_QUEUE_CPUS | HYBD_F_MEM_INFO | HYBD_F_RECOVERY |
+		     HYBD_F_BACKING;
 	if (hybd_bpf_ready)
 		f.features |= HYBD_F_BPF | HYBD_F_PASS_ZEROES;
 	return hybd_copy_out(arg, &f, sizeof(f));

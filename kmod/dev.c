@@ -160,6 +160,7 @@ static void hybd_dev_free(struct kref *ref)
 	}
 	put_pid(dev->server_pid);
 	kfree(dev->cpu_queue);
+	mutex_destroy(&dev->backing_lock);
 	kfree(dev);
 }
 
@@ -254,6 +255,7 @@ struct hybd_dev *hybd_dev_create(const struct hybd_params *p, u32 id)
 		return ERR_PTR(-ENOMEM);
 	kref_init(&dev->ref);
 	spin_lock_init(&dev->state_lock);
+	mutex_init(&dev->backing_lock);
 	init_completion(&dev->started);
 	init_completion(&dev->deleted);
 	INIT_WORK(&dev->start_work, hybd_dev_start_work);

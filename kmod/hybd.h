@@ -7,6 +7,7 @@
  *   dev.c   a device's life: create, start (add_disk), kill, delete
  *   blk.c   blk-mq ops: queue_rq publishes requests to the ring
  *   ring.c  /dev/hybdN-srv: open/release/mmap, commit and wait
+ *   backing.c  backing targets a server registers (HYBD_SRV_ADD_BACKING)
  */
 #ifndef _HYBD_H
 #define _HYBD_H
@@ -24,6 +25,7 @@
 #include "uapi/hybd.h"
 
 struct hybd_bpf_prog;
+struct hybd_backing;
 
 /* without an I/O timeout, how often a request checks its server lives */
 #define HYBD_LIVENESS_TIMEOUT	(30 * HZ)
@@ -174,6 +176,10 @@ struct hybd_dev {
 	struct cdev		*cdev;
 	struct device		*srv_dev;
 
+	/* backing targets; written under @backing_lock, read under RCU */
+	struct mutex		backing_lock;
+	struct hybd_backing __rcu *backing[HYBD_MAX_BACKINGS];
+
 	/* the BPF fast path; written under hybd_bpf_lock, read under RCU */
 	struct hybd_bpf_prog __rcu *bpf_prog;
 	u32			bpf_gen;	/* bumped on attach/replace */
@@ -239,6 +245,11 @@ static inline unsigned int hybd_lat_bucket(u64 start_ns)
 	this_cpu_inc((q)->stats->hist[hybd_lat_bucket(start_ns)])
 
 blk_status_t hybd_errno_status(int err);
+
+/* backing.c */
+long hybd_backing_add(struct hybd_dev *dev, void __user *arg);
+long hybd_backing_del(struct hybd_dev *dev, unsigned long index);
+void hybd_backing_drop_all(struct hybd_dev *dev);
 
 /* ring.c */
 extern const struct file_operations hybd_srv_fops;

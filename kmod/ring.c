@@ -528,6 +528,10 @@ static long hybd_srv_ioctl(struct file *file, unsigned int cmd,
 		return hybd_srv_set_eventfd(dev, (void __user *)arg);
 	case HYBD_SRV_QUEUE_CPUS:
 		return hybd_srv_queue_cpus(dev, (void __user *)arg);
+	case HYBD_SRV_ADD_BACKING:
+		return hybd_backing_add(dev, (void __user *)arg);
+	case HYBD_SRV_DEL_BACKING:
+		return hybd_backing_del(dev, arg);
 	default:
 		return -ENOTTY;
 	}
@@ -609,6 +613,7 @@ static int hybd_srv_release(struct inode *inode, struct file *file)
 
 	hybd_dev_lose_server(dev);
 	hybd_dev_drop_eventfds(dev);
+	hybd_backing_drop_all(dev);
 	spin_lock(&dev->state_lock);
 	dev->server_open = false;
 	spin_unlock(&dev->state_lock);

@@ -719,6 +719,50 @@ int hybd_dev_delete(struct hybd_dev *dev)
 	return ret;
 }
 
+int hybd_dev_add_backing(struct hybd_dev *dev, int fd, unsigned int flags,
+			 uint64_t *size)
+{
+	struct hybd_srv_backing b = { .len = sizeof(b), .fd = fd,
+				      .flags = flags };
+
+	if (!(dev->features & HYBD_F_BACKING))
+		return hybd__err(-EOPNOTSUPP,
+				 "the hybd module takes no backing targets (HYBD_F_BACKING): update it");
+	if (ioctl(dev->srv_fd, HYBD_SRV_ADD_BACKING, &b) < 0) {
+		int err = -errno;
+
+		switch (err) {
+		case -EBADF:
+			return hybd__err(err, "fd %d is not open, or not for %s",
+					 fd, flags & HYBD_BACKING_F_WRITE ?
+					 "reading and writing" : "reading");
+		case -EOPNOTSUPP:
+			return hybd__err(err, "fd %d: no direct I/O there (or unknown flags 0x%x)",
+					 fd, flags);
+		case -ENOSPC:
+			return hybd__err(err, "%s has %u backing targets already",
+					 dev->path, HYBD_MAX_BACKINGS);
+		case -EINVAL:
+			return hybd__err(err, "fd %d: not a regular file or block device, empty, or its direct I/O alignment does not divide the block size of %s",
+					 fd, dev->path);
+		default:
+			return hybd__err(err, "HYBD_SRV_ADD_BACKING for %s failed",
+					 dev->path);
+		}
+	}
+	if (size)
+		*size = b.size;
+	return b.index;
+}
+
+int hybd_dev_del_backing(struct hybd_dev *dev, unsigned int index)
+{
+	if (ioctl(dev->srv_fd, HYBD_SRV_DEL_BACKING, (unsigned long)index) < 0)
+		return hybd__err(-errno, "%s has no backing target %u",
+				 dev->path, index);
+	return 0;
+}
+
 int hybd_dev_handed_over(const struct hybd_dev *dev)
 {
 	return hybd_load_acquire(&dev->handed_over);

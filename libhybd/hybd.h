@@ -335,6 +335,28 @@ int hybd_dev_stop(struct hybd_dev *dev);
 int hybd_dev_wait(struct hybd_dev *dev);
 
 /*
+ * hybd_dev_add_backing - register @fd, an open regular file or block
+ * device, as a backing target of @dev, where a fast path may serve
+ * requests in the kernel (since 1.6; HYBD_F_BACKING).  @flags:
+ * HYBD_BACKING_F_WRITE if requests may write to it (@fd must be open for
+ * writing).  The kernel keeps its own reference: @fd may be closed.  It
+ * must support direct I/O, and the device's logical block size must be a
+ * multiple of the alignment that needs.  *@size (if not NULL) is set to the
+ * target's size in bytes.  Targets go when the device's server node is
+ * closed (the process exits or hands over).
+ * RETURN VALUE: the target's index (0 .. HYBD_MAX_BACKINGS - 1), or -errno
+ * (see HYBD_SRV_ADD_BACKING in uapi/hybd.h; hybd_errmsg() says which).
+ */
+int hybd_dev_add_backing(struct hybd_dev *dev, int fd, unsigned int flags,
+			 uint64_t *size);
+
+/*
+ * hybd_dev_del_backing - drop backing target @index of @dev.
+ * RETURN VALUE: 0, or -errno (-ENOENT: no target there).
+ */
+int hybd_dev_del_backing(struct hybd_dev *dev, unsigned int index);
+
+/*
  * hybd_dev_handed_over - did a new server take the device over?  (Since
  * 1.6.)  RETURN VALUE: 1 once a worker has handed its queue over, else 0.
  */

@@ -28,10 +28,13 @@ DEV_ID_ANY = 0xFFFFFFFF
 F_RINGS, F_POLL, F_SEQ_CHECK, F_BPF = 1, 2, 4, 8
 F_IO_TIMEOUT, F_DEL_FORCE = 16, 32
 F_EVENTFD, F_QUEUE_CPUS, F_MEM_INFO, F_PASS_ZEROES = 64, 128, 256, 512
-F_RECOVERY = 1024
+F_RECOVERY, F_BACKING = 1024, 2048
 F_KNOWN = (F_RINGS | F_POLL | F_SEQ_CHECK | F_BPF | F_IO_TIMEOUT |
            F_DEL_FORCE | F_EVENTFD | F_QUEUE_CPUS | F_MEM_INFO |
-           F_PASS_ZEROES | F_RECOVERY)
+           F_PASS_ZEROES | F_RECOVERY | F_BACKING)
+MAX_BACKINGS = 16
+BACKING_F_WRITE = 1
+SRV_BACKING_FMT = "<IiIIQII2Q"      # struct hybd_srv_backing, 48
 DEL_F_FORCE = 1
 
 OPF_READ, OPF_WRITE, OPF_FLUSH, OPF_FUA = 1, 2, 4, 8
@@ -89,6 +92,7 @@ SIZES = {
     "struct hybd_ctl_stats": STATS_SIZE,
     "struct hybd_dev_stats": 8 * NR_STATS,
     "struct hybd_queue_stat": QUEUE_STAT_SIZE,
+    "struct hybd_srv_backing": struct.calcsize(SRV_BACKING_FMT),
 }
 
 _IOC_WRITE, _IOC_READ = 1, 2
@@ -106,6 +110,9 @@ CTL_INFO = _ioc(_IOC_READ | _IOC_WRITE, 0x03, INFO_SIZE)
 CTL_LIST = _ioc(_IOC_READ | _IOC_WRITE, 0x04, SIZES["struct hybd_ctl_list"])
 CTL_STATS = _ioc(_IOC_READ | _IOC_WRITE, 0x05, STATS_SIZE)
 CTL_HANDOVER = _ioc(_IOC_WRITE, 0x06, SIZES["struct hybd_ctl_dev"])
+SRV_ADD_BACKING = _ioc(_IOC_READ | _IOC_WRITE, 0x46,
+                       struct.calcsize(SRV_BACKING_FMT))
+SRV_DEL_BACKING = _ioc(0, 0x47, 0)
 
 IOCTLS = {
     "HYBD_CTL_GET_FEATURES": CTL_GET_FEATURES,
@@ -115,6 +122,11 @@ IOCTLS = {
     "HYBD_CTL_LIST": CTL_LIST,
     "HYBD_CTL_STATS": CTL_STATS,
     "HYBD_CTL_HANDOVER": CTL_HANDOVER,
+}
+# the server node's, of those the suite calls directly
+SRV_IOCTLS = {
+    "HYBD_SRV_ADD_BACKING": SRV_ADD_BACKING,
+    "HYBD_SRV_DEL_BACKING": SRV_DEL_BACKING,
 }
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -285,9 +297,10 @@ int main(void)
 	S(struct hybd_dev_info) S(struct hybd_ctl_list)
 	S(struct hybd_ctl_features) S(struct hybd_ctl_stats)
 	S(struct hybd_dev_stats) S(struct hybd_queue_stat)
+	S(struct hybd_srv_backing)
 	I(HYBD_CTL_GET_FEATURES) I(HYBD_CTL_ADD) I(HYBD_CTL_DEL)
 	I(HYBD_CTL_INFO) I(HYBD_CTL_LIST) I(HYBD_CTL_STATS)
-	I(HYBD_CTL_HANDOVER)
+	I(HYBD_CTL_HANDOVER) I(HYBD_SRV_ADD_BACKING) I(HYBD_SRV_DEL_BACKING)
 	return 0;
 }
 """

@@ -18,6 +18,7 @@ import signal
 import subprocess
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -350,6 +351,25 @@ def fio_verify(dev, bs, per_job, jobs, iodepth=32, engine=None):
         assert j["write"]["total_ios"] > 0
         assert j["read"]["total_ios"] >= j["write"]["total_ios"]
     return data["jobs"]
+
+
+@contextmanager
+def loop_device(backing, *args):
+    """backing attached to a kernel loop device (losetup ARGS, e.g. "-b",
+    "4096"); detached afterwards."""
+    losetup = need_tool("losetup")
+    if not os.path.exists("/dev/loop-control"):
+        run(["modprobe", "loop"], check=True)
+        wait_for(lambda: os.path.exists("/dev/loop-control"), 10,
+                 "/dev/loop-control")
+    res = run([losetup, "--find", "--show", *args, str(backing)], timeout=60)
+    assert res.returncode == 0, f"losetup: {res.stderr}"
+    loop = res.stdout.strip()
+    try:
+        yield loop
+    finally:
+        res = run([losetup, "-d", loop], timeout=60)
+        assert res.returncode == 0, f"losetup -d {loop}: {res.stderr}"
 
 
 def delete_dead(srv, detach=False):

@@ -268,5 +268,5 @@ def test_python_layouts_match_the_uapi_header(tmp_path):
     out = run([tmp_path / "layout"], check=True).stdout
     for line in out.splitlines():
         name, val = line.rsplit(" ", 1)
-        mine = u.SIZES.get(name, u.IOCTLS.get(name))
+        mine = u.SIZES.get(name, u.IOCTLS.get(name, u.SRV_IOCTLS.get(name)))
         assert mine == int(val), f"{name}: header {val}, tests/hybd_uapi.py {mine}"

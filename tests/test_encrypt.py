@@ -29,7 +29,7 @@ import pytest
 
 from hybdlib import (ENCRYPT, REPO, T_IO, delete_dead, device_ids,
                      direct_read, direct_write, fio_verify, first_difference,
-                     info, need_built, pattern, run, wait_for)
+                     info, loop_device, need_built, pattern, run, wait_for)
 from test_dedup import (QUEUES, JOBS, STALE_CHECK, STALE_KEYS, STALE_RE,
                         STALE_SECONDS, digest_tree, flush, make_tree, tool)
 
@@ -114,23 +114,6 @@ def enc(servers, tmp_path):
             shutil.rmtree(f, ignore_errors=True)
         elif f.is_file():
             f.unlink()
-
-
-@contextmanager
-def loop_device(backing):
-    """backing attached to a loop device (buffered, as cryptsetup would)."""
-    if not os.path.exists("/dev/loop-control"):
-        run(["modprobe", "loop"], check=True)
-        wait_for(lambda: os.path.exists("/dev/loop-control"), 10,
-                 "/dev/loop-control")
-    res = run([tool("losetup"), "--find", "--show", str(backing)], timeout=60)
-    assert res.returncode == 0, f"losetup: {res.stderr}"
-    loop = res.stdout.strip()
-    try:
-        yield loop
-    finally:
-        res = run(["losetup", "-d", loop], timeout=60)
-        assert res.returncode == 0, f"losetup -d {loop}: {res.stderr}"
 
 
 @contextmanager

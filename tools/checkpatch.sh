@@ -11,4 +11,5 @@ if [ ! -f "$cp" ]; then
 fi
 exec perl "$cp" --no-tree --terse --show-types -f \
 	kmod/main.c kmod/ctl.c kmod/dev.c kmod/blk.c kmod/ring.c kmod/bpf.c \
+	kmod/backing.c \
 	kmod/hybd.h include/uapi/hybd.h

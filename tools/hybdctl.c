@@ -192,6 +192,7 @@ static const struct {
 	{ HYBD_F_MEM_INFO, "mem_info" },
 	{ HYBD_F_PASS_ZEROES, "pass_zeroes" },
 	{ HYBD_F_RECOVERY, "recovery" },
+	{ HYBD_F_BACKING, "backing" },
 };
 
 #define ARRAY_SIZE(a)	(sizeof(a) / sizeof((a)[0]))

@@ -99,6 +99,8 @@
  * HYBD_RING_DRAIN, and the held/reissued counters.
  */
 #define HYBD_F_RECOVERY		(1ULL << 10)
+/* HYBD_SRV_ADD_BACKING and HYBD_SRV_DEL_BACKING: backing targets */
+#define HYBD_F_BACKING		(1ULL << 11)
 
 /*
  * Supported operations (hybd_param_basic.ops).  READ is mandatory; a
@@ -590,6 +592,39 @@ struct hybd_srv_queue_cpus {
 	__u32	reserved0;
 };
 #define HYBD_SRV_QUEUE_CPUS	_IOWR(HYBD_IOC_MAGIC, 0x45, struct hybd_srv_queue_cpus)
+
+/*
+ * HYBD_SRV_ADD_BACKING (HYBD_F_BACKING): register an open regular file or
+ * block device as a backing target of the device, for the fast path to
+ * serve requests on.  The kernel takes its own reference to the file (the
+ * server may close its descriptor) and checks it: it must be open for
+ * reading (and writing with HYBD_BACKING_F_WRITE), support direct I/O,
+ * and the device's logical block size must be a multiple of the
+ * alignment its direct I/O needs (dio_align).  Out: the index (0 ..
+ * HYBD_MAX_BACKINGS - 1), the target's size and dio_align.  Errors:
+ * -EBADF (no such descriptor, or not open for what flags ask), -EINVAL (not
+ * a regular file or block device, empty, misaligned, reserved bits),
+ * -EOPNOTSUPP (unknown flags, no direct I/O), -ENOSPC (every index taken).
+ *
+ * Targets go when the server node is released, or one by one with
+ * HYBD_SRV_DEL_BACKING (arg: the index; -ENOENT if none is there).
+ */
+#define HYBD_MAX_BACKINGS	16
+#define HYBD_BACKING_F_WRITE	(1U << 0)	/* requests may write to it */
+#define HYBD_BACKING_F_ALL	0x1U
+
+struct hybd_srv_backing {
+	__u32	len;
+	__s32	fd;		/* in */
+	__u32	flags;		/* in: HYBD_BACKING_F_* */
+	__u32	index;		/* out */
+	__u64	size;		/* out: bytes */
+	__u32	dio_align;	/* out: bytes */
+	__u32	reserved0;
+	__u64	reserved[2];
+};
+#define HYBD_SRV_ADD_BACKING	_IOWR(HYBD_IOC_MAGIC, 0x46, struct hybd_srv_backing)
+#define HYBD_SRV_DEL_BACKING	_IO(HYBD_IOC_MAGIC, 0x47)
 
 /*
  * ---------------------------------------------------------------------

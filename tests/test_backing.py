@@ -1,0 +1,205 @@
+# SPDX-License-Identifier: GPL-2.0
+"""Backing targets (HYBD_SRV_ADD_BACKING, HYBD_F_BACKING): a server
+registers open files and block devices with its device; the kernel checks
+each (readable, writable if asked, direct I/O, alignment against the
+device's block size), keeps its own reference, and lets go of it on
+HYBD_SRV_DEL_BACKING or when the server node is closed.  The targets are
+where the fast path's remap (issue 11) will serve requests."""
+
+import errno
+import os
+import struct
+import subprocess
+
+import pytest
+
+import hybd_uapi as u
+from hybdlib import T_CMD, T_IO, loop_device, need_tool, run, wait_for
+
+MiB = 1 << 20
+
+
+class Served:
+    """A device added with the raw ioctl and its server node open, as a
+    server holds it (nothing is started: targets are the node's)."""
+
+    def __init__(self, lbs=4096):
+        self.ctl = u.Control()
+        e, self.id, perr = u.add(self.ctl, b=u.basic(lbs=lbs))
+        assert e == 0, (u.errname(e), perr)
+        path = f"/dev/hybd{self.id}-srv"
+        wait_for(lambda: os.path.exists(path), T_CMD, path)
+        self.fd = os.open(path, os.O_RDWR)
+
+    def add(self, fd, flags=0, length=None, reserved0=0, reserved=(0, 0)):
+        """HYBD_SRV_ADD_BACKING: (errno, index, size, dio_align)."""
+        size = struct.calcsize(u.SRV_BACKING_FMT)
+        buf = bytearray(struct.pack(u.SRV_BACKING_FMT,
+                                    size if length is None else length, fd,
+                                    flags, 0xFFFF, 0, 0, reserved0,
+                                    *reserved))
+        e = u.ioctl(self.fd, u.SRV_ADD_BACKING, buf)
+        _, _, _, index, tsize, align, _, _, _ = struct.unpack(
+            u.SRV_BACKING_FMT, buf)
+        return e, index, tsize, align
+
+    def delete(self, index):
+        r = u._libc.ioctl(self.fd, u.SRV_DEL_BACKING, index)
+        return u.ctypes.get_errno() if r < 0 else 0
+
+    def close(self):
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def remove(self):
+        self.close()
+        u.delete(self.ctl, self.id)
+        self.ctl.close()
+
+
+@pytest.fixture
+def served():
+    made = []
+
+    def make(**kw):
+        s = Served(**kw)
+        made.append(s)
+        return s
+    yield make
+    for s in made:
+        s.remove()
+
+
+@pytest.fixture
+def dio_fs(tmp_path):
+    """An ext4 file system on a loop device (direct I/O works there, as
+    on the disks a driver keeps its data on): (mount point, loop device).
+    Ask for it before `served`: the nodes close (and let go of their
+    files) before it is unmounted."""
+    mkfs = need_tool("mkfs.ext4")
+    img = tmp_path / "fs.img"
+    with open(img, "wb") as f:
+        f.truncate(128 * MiB)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    with loop_device(img) as loop:
+        run([mkfs, "-F", "-q", loop], timeout=T_IO, check=True)
+        run(["mount", "-t", "ext4", loop, mnt], check=True)
+        try:
+            yield mnt, loop
+        finally:
+            run(["umount", mnt], check=True)
+
+
+def test_backing_files_get_indices_and_give_them_back(dio_fs, served):
+    mnt, _ = dio_fs
+    s = served()
+    path = mnt / "data"
+    with open(path, "wb") as f:
+        f.truncate(8 * MiB)
+    fds = []
+    try:
+        for i in range(u.MAX_BACKINGS):
+            fds.append(os.open(path, os.O_RDWR))
+            e, index, size, align = s.add(fds[-1], u.BACKING_F_WRITE)
+            assert (e, index, size) == (0, i, 8 * MiB), (u.errname(e), index)
+            assert align in (512, 4096), align
+        fds.append(os.open(path, os.O_RDONLY))
+        assert s.add(fds[-1])[0] == errno.ENOSPC
+        # a freed index is reused; a free one cannot be freed again
+        assert s.delete(3) == 0
+        assert s.delete(3) == errno.ENOENT
+        assert s.add(fds[-1])[:2] == (0, 3)
+        assert s.delete(u.MAX_BACKINGS) == errno.EINVAL
+        for i in range(u.MAX_BACKINGS):
+            assert s.delete(i) == 0, i
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def test_backing_refuses_what_it_cannot_use(dio_fs, served, tmp_path):
+    mnt, _ = dio_fs
+    s = served()
+    path, empty = mnt / "data", mnt / "empty"
+    with open(path, "wb") as f:
+        f.truncate(MiB)
+    empty.touch()
+    ro = os.open(path, os.O_RDONLY)
+    wo = os.open(path, os.O_WRONLY)
+    rw = os.open(path, os.O_RDWR)
+    rfd, wfd = os.pipe()
+    null = os.open("/dev/null", os.O_RDWR)
+    dirfd = os.open(mnt, os.O_RDONLY | os.O_DIRECTORY)
+    efd = os.open(empty, os.O_RDWR)
+    try:
+        cases = [
+            ("read-only fd, write asked", dict(fd=ro, flags=u.BACKING_F_WRITE),
+             errno.EBADF),
+            ("write-only fd", dict(fd=wo), errno.EBADF),
+            ("no such fd", dict(fd=-1), errno.EBADF),
+            ("a pipe", dict(fd=rfd), errno.EINVAL),
+            ("a character device", dict(fd=null), errno.EINVAL),
+            ("a directory", dict(fd=dirfd), errno.EINVAL),
+            ("an empty file", dict(fd=efd), errno.EINVAL),
+            ("unknown flag", dict(fd=rw, flags=2), errno.EOPNOTSUPP),
+            ("reserved0", dict(fd=rw, reserved0=1), errno.EINVAL),
+            ("reserved", dict(fd=rw, reserved=(0, 1)), errno.EINVAL),
+            ("short len", dict(fd=rw, length=8), errno.EINVAL),
+        ]
+        for what, kw, want in cases:
+            assert s.add(**kw)[0] == want, what
+        # none of them took an index: the first good one gets 0
+        assert s.add(ro)[:2] == (0, 0)
+    finally:
+        for fd in (ro, wo, rw, rfd, wfd, null, dirfd, efd):
+            os.close(fd)
+
+
+def test_backing_block_devices_and_alignment(served, tmp_path):
+    img = tmp_path / "disk.img"
+    with open(img, "wb") as f:
+        f.truncate(16 * MiB)
+    with loop_device(img, "-b", "4096") as loop:
+        fd = os.open(loop, os.O_RDWR)
+        try:
+            s = served(lbs=4096)
+            e, index, size, align = s.add(fd, u.BACKING_F_WRITE)
+            assert (e, index, size, align) == (0, 0, 16 * MiB, 4096), \
+                u.errname(e)
+            # a 512-byte-block device cannot do direct I/O on 4096-byte
+            # sectors
+            s512 = served(lbs=512)
+            assert s512.add(fd)[0] == errno.EINVAL
+            # the reference is the target's: losetup -d must wait for it
+            s.close()
+        finally:
+            os.close(fd)
+
+
+def test_backing_reference_goes_with_the_server_node(dio_fs, served):
+    """The kernel's reference keeps an unlinked file's space until the
+    server node is closed, and not a moment longer."""
+    mnt, _ = dio_fs
+    s = served()
+    path = mnt / "big"
+    with open(path, "wb") as f:
+        f.write(os.urandom(MiB) * 32)
+        os.fsync(f.fileno())
+
+    def free():
+        st = os.statvfs(mnt)
+        return st.f_bfree * st.f_frsize
+
+    fd = os.open(path, os.O_RDWR)
+    assert s.add(fd, u.BACKING_F_WRITE)[0] == 0
+    os.close(fd)
+    before = free()
+    os.unlink(path)
+    subprocess.run(["sync"], check=True)
+    # still held: the kernel's reference
+    assert free() - before < 16 * MiB, (before, free())
+    s.close()
+    wait_for(lambda: free() - before >= 30 * MiB, T_CMD,
+             "the unlinked file's space to come back")
