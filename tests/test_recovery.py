@@ -26,9 +26,9 @@ import pytest
 import hybd_uapi as uapi
 import klog
 from hybdbpf import fastpath, need_bpf, prog  # noqa: F401 (fixture)
-from hybdlib import (LONG, RAMDISK, T_CMD, T_IO, direct_read, direct_write,
-                     fio_verify, free_id, hybdctl, info, need_tool, pattern,
-                     record, run, wait_for)
+from hybdlib import (LONG, LOOP, RAMDISK, T_CMD, T_IO, direct_read,
+                     direct_write, fio_verify, free_id, hybdctl, info,
+                     need_built, need_tool, pattern, record, run, wait_for)
 
 MiB = 1 << 20
 KILLS = 20 if LONG else 5
@@ -368,6 +368,37 @@ def test_handover_under_fio_verify(ramdisk, fastpath, tmp_path, recovery):
     i = info(srv.dev)
     assert i["bpf_attaches"] == 1 + HANDOVERS // 2, i
     hybdctl("detach", srv.dev)
+    srv.stop()
+
+
+@pytest.mark.time_limit(1800)
+def test_event_mode_server_hands_over_and_recovers(servers, tmp_path):
+    """hybd-loop's workers wait on their io_uring (event mode), with
+    requests in flight inside it: taken over by a new hybd-loop, every
+    other time by a handover and otherwise after a SIGKILL, under
+    fio --verify, they lose nothing."""
+    need_built(LOOP, "examples/loop/hybd-loop")
+    rng = seeded("loop")
+    img = tmp_path / "loop.img"
+    with open(img, "wb") as f:
+        f.truncate(64 * MiB)
+    srv = servers.start([LOOP, "--queues", "2", "--recovery", "60", img])
+    fio = Background(lambda: fio_verify(srv.dev, "4k", "16M", 2))
+    try:
+        for i in range(HANDOVERS):
+            time.sleep(rng.uniform(0.2, 1.0))
+            assert fio.alive(), "the fio loop ended early"
+            old = srv
+            if i % 2:
+                old.kill()
+                wait_waiting(old)
+            srv = servers.start([LOOP, "--attach", "--id", old.id, img])
+            assert srv.dev == old.dev
+            if not i % 2:
+                assert old.wait() == 0, old.output()
+    finally:
+        fio.stop()
+    assert_clean_counters(srv.dev, HANDOVERS)
     srv.stop()
 
 

@@ -4,7 +4,8 @@
  * kernel loop device, in user space, with one thread per queue.
  *
  *   hybd-loop [--queues N] [--depth N] [--max-io BYTES] [--buffered]
- *             [--io-timeout SECONDS] [--id N] [--bpf PROG.bpf.o] FILE
+ *             [--io-timeout SECONDS] [--id N] [--bpf PROG.bpf.o]
+ *             [--recovery SECONDS] [--attach] FILE
  *
  * The device has FILE's size (a multiple of 4 KiB).  It prints "ready
  * /dev/hybdN" once the disk exists and serves it until SIGINT or SIGTERM
@@ -26,6 +27,12 @@
  * write-zeroes is followed by fdatasync()); discard
  * punches a hole; write-zeroes punches one too, or zeroes the range in
  * place (keeping it allocated) when the request says NOUNMAP.
+ *
+ * A write is in FILE (or its page cache) once it completes, so the device
+ * may outlive this process: --recovery SECONDS holds its I/O that long for
+ * a new hybd-loop when this one dies, and `--attach --id N FILE` is that new
+ * one (it takes a live device over too: the old server hands over and
+ * exits).  The new one must serve the same FILE.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -296,7 +303,8 @@ static const struct hybd_driver loop_driver = {
 
 static const char usage[] =
 	"usage: hybd-loop [--queues N] [--depth N] [--max-io BYTES] [--buffered]\n"
-	"                 [--io-timeout SECONDS] [--id N] [--bpf PROG.bpf.o] FILE\n";
+	"                 [--io-timeout SECONDS] [--id N] [--bpf PROG.bpf.o]\n"
+	"                 [--recovery SECONDS] [--attach] FILE\n";
 
 static uint64_t number(const char *name, const char *s)
 {
@@ -320,6 +328,8 @@ int main(int argc, char **argv)
 		{ "io-timeout", required_argument, NULL, 't' },
 		{ "id", required_argument, NULL, 'i' },
 		{ "bpf", required_argument, NULL, 'b' },
+		{ "recovery", required_argument, NULL, 'R' },
+		{ "attach", no_argument, NULL, 'A' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -340,6 +350,8 @@ int main(int argc, char **argv)
 		case 't': cfg.io_timeout = number(name, optarg); break;
 		case 'i': cfg.dev_id = number(name, optarg); break;
 		case 'b': lo.bpf_path = optarg; break;
+		case 'R': cfg.recovery_timeout = number(name, optarg); break;
+		case 'A': cfg.lib_flags |= HYBD_CFG_ATTACH; break;
 		case 'h': fputs(usage, stdout); return 0;
 		default: fputs(usage, stderr); return 2;
 		}
@@ -362,6 +374,20 @@ int main(int argc, char **argv)
 	}
 	cfg.size = st.st_size;
 	cfg.io_priv_size = sizeof(struct loop_req);
+	if (cfg.lib_flags & HYBD_CFG_ATTACH) {
+		struct hybd_dev_info di;
+
+		/* the rings are sized by the device's depth, not ours */
+		if (cfg.dev_id < 0 || lo.bpf_path) {
+			fprintf(stderr, "hybd-loop: --attach needs --id N, and takes no --bpf\n");
+			return 2;
+		}
+		if (hybd_ctl_info(cfg.dev_id, &di)) {
+			fprintf(stderr, "hybd-loop: %s\n", hybd_errmsg());
+			return 1;
+		}
+		cfg.queue_depth = di.params.basic.queue_depth;
+	}
 	lo.depth = cfg.queue_depth;
 
 	ret = hybd_run(&cfg, &loop_driver, &lo);
