@@ -106,12 +106,18 @@ def attach(ramdisk, srv, backing, **opts):
     return new
 
 
+def let_run(load, rng, longest):
+    """Let the load (a Background) run for a random moment; it must still
+    be running."""
+    time.sleep(rng.uniform(0.2, longest))
+    assert load.alive(), "the I/O loop ended early"
+
+
 def kill_and_replace(ramdisk, srv, backing, rng, load, while_down=None):
     """Let the load run a moment, SIGKILL the server, wait for the device
     to hold its I/O, run while_down(srv), let requests pile up, and return
     a new server that took the device over."""
-    time.sleep(rng.uniform(0.2, 1.5))
-    assert load.alive(), "the I/O loop ended early"
+    let_run(load, rng, 1.5)
     srv.kill()
     wait_waiting(srv)
     if while_down:
@@ -354,8 +360,7 @@ def test_handover_under_fio_verify(ramdisk, fastpath, tmp_path, recovery):
     fio = Background(lambda: fio_verify(srv.dev, "4k", "16M", 2))
     try:
         for i in range(HANDOVERS):
-            time.sleep(rng.uniform(0.2, 1.0))
-            assert fio.alive(), "the fio loop ended early"
+            let_run(fio, rng, 1.0)
             old = srv
             srv = attach(ramdisk, old, backing)
             assert old.wait() == 0, old.output()
@@ -386,8 +391,7 @@ def test_event_mode_server_hands_over_and_recovers(servers, tmp_path):
     fio = Background(lambda: fio_verify(srv.dev, "4k", "16M", 2))
     try:
         for i in range(HANDOVERS):
-            time.sleep(rng.uniform(0.2, 1.0))
-            assert fio.alive(), "the fio loop ended early"
+            let_run(fio, rng, 1.0)
             old = srv
             if i % 2:
                 old.kill()
