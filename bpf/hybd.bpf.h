@@ -10,10 +10,13 @@
  *                 fail it, HYBD_BPF_PASS to hand it to the user-space
  *                 server, or, for a write whose payload is all zero,
  *                 HYBD_BPF_PASS_ZEROES to hand it over as a write-zeroes.
- *   complete(io)  runs when the server finished a request, before the
- *                 block layer sees it: io->result is its status and, if
- *                 that is 0, a read's payload holds the data, so you can
- *                 cache it.
+ *                 Or call hybd_bpf_io_remap() and return
+ *                 HYBD_BPF_REMAPPED: the kernel serves the request on a
+ *                 backing file or block device the server registered.
+ *   complete(io)  runs when the server (or a remap) finished a request,
+ *                 before the block layer sees it: io->result is its
+ *                 status, io->path who served it and, if the status is 0,
+ *                 a read's payload holds the data, so you can cache it.
  *
  * DONE means the server never sees the request:
  *   - a read must be filled, all of it, before submit() returns DONE:
@@ -89,6 +92,30 @@ extern int hybd_bpf_io_copy_out(struct hybd_bpf_io *io, __u32 off,
 /* 1 if the payload is all zero, 0 if not, -EINVAL without a readable
  * payload (as copy_out). */
 extern int hybd_bpf_io_is_zero(struct hybd_bpf_io *io) __ksym;
+
+/* ---- kfunc: serving a request on a backing target (HYBD_F_REMAP) ---- */
+
+/*
+ * In submit() only: have the kernel serve the whole request on backing
+ * target @index (registered by the server, hybd_dev_add_backing()) at
+ * byte @offset, with direct I/O on the request's own pages; then return
+ * HYBD_BPF_REMAPPED.  complete() runs when it is done, with io->path ==
+ * HYBD_BPF_PATH_REMAP.  A flush fdatasyncs the target (offset ignored).
+ *
+ * 0, or it refuses (counted in remap_refused) and the request is still
+ * yours to pass, serve or fail: -ENOENT no target at @index, -ERANGE the
+ * range passes the target's end, -EINVAL @offset not aligned for the
+ * target's direct I/O (or @index >= HYBD_MAX_BACKINGS), -EROFS a write,
+ * discard or write-zeroes on a read-only target, -EALREADY remapped
+ * already, -EPERM outside submit().
+ *
+ * A target reads what is there when the kernel gets to it: a program
+ * that remaps through a map the server updates relies on the server
+ * updating the map before it moves the data, and calling
+ * hybd_dev_remap_barrier() before it reuses the old place.
+ */
+extern int hybd_bpf_io_remap(struct hybd_bpf_io *io, __u32 index,
+			     __u64 offset) __ksym;
 
 /* ---- ordered atomics ---- */
 

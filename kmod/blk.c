@@ -208,24 +208,49 @@ static void hybd_unlock_publish(struct hybd_queue *q, bool publish)
 }
 
 /*
- * The fast path completed the request: count it, end it, and publish what
- * earlier requests of the batch left in the ring.
+ * A dispatch batch ends (bd->last): publish what its earlier requests left
+ * in the ring.  The fast path fills nothing, so it takes no lock unless a
+ * slow-path request of the batch waits; the batch's own slots were filled
+ * on this CPU, so the unlocked look sees them.
  */
-static blk_status_t hybd_end_fast(struct hybd_queue *q, struct request *rq,
-				  struct hybd_tag *t, int ret, bool last)
+static void hybd_end_batch(struct hybd_queue *q)
+{
+	if (READ_ONCE(q->sq_published) == READ_ONCE(q->sq_tail))
+		return;
+	spin_lock(&q->lock);
+	hybd_unlock_publish(q, true);
+}
+
+/* A request the fast path completed, in queue_rq or by a remap: count it. */
+static void hybd_count_fast(struct hybd_queue *q, struct hybd_tag *t, int ret)
 {
 	hybd_stat_inc(q, fast_done);
 	if (ret)
 		hybd_stat_inc(q, fast_errors);
 	hybd_count_op(q, t->bio.op, t->bio.flags);
 	hybd_lat_add(q, fast_lat, t->start_ns);
-	if (last) {
-		spin_lock(&q->lock);
-		hybd_unlock_publish(q, true);
-	}
+}
 
+/* The fast path completed the request in queue_rq: count it, end it. */
+static blk_status_t hybd_end_fast(struct hybd_queue *q, struct request *rq,
+				  struct hybd_tag *t, int ret, bool last)
+{
+	hybd_count_fast(q, t, ret);
+	if (last)
+		hybd_end_batch(q);
 	blk_mq_end_request(rq, hybd_errno_status(ret));
 	return BLK_STS_OK;
+}
+
+/* blk_mq_complete_request() of a remapped request: end it. */
+static void hybd_complete_rq(struct request *rq)
+{
+	struct hybd_queue *q = rq->mq_hctx->driver_data;
+	struct hybd_tag *t = &q->tags[rq->tag];
+	int err = hybd_remap_end(q, rq);
+
+	hybd_count_fast(q, t, err);
+	blk_mq_end_request(rq, hybd_errno_status(err));
 }
 
 /*
@@ -246,7 +271,8 @@ static void hybd_issue(struct hybd_queue *q, struct hybd_tag *t, u32 tag)
 	WRITE_ONCE(desc->sector, t->bio.sector);
 	WRITE_ONCE(desc->seq, t->seq);
 	WRITE_ONCE(q->sq[q->sq_tail & (q->dev->ring_entries - 1)], tag);
-	q->sq_tail++;
+	/* hybd_end_batch() looks without the lock */
+	WRITE_ONCE(q->sq_tail, q->sq_tail + 1);
 }
 
 static blk_status_t hybd_queue_rq(struct blk_mq_hw_ctx *hctx,
@@ -292,6 +318,12 @@ static blk_status_t hybd_queue_rq(struct blk_mq_hw_ctx *hctx,
 		ret = HYBD_BPF_PASS;
 	else
 		ret = hybd_bpf_submit(q, t);
+	if (ret == HYBD_BPF_REMAPPED) {
+		hybd_remap_start(q, t);
+		if (bd->last)
+			hybd_end_batch(q);
+		return BLK_STS_OK;
+	}
 	if (ret != HYBD_BPF_PASS && ret != HYBD_BPF_PASS_ZEROES)
 		return hybd_end_fast(q, rq, t, ret, bd->last);
 
@@ -445,6 +477,7 @@ static enum blk_eh_timer_return hybd_timeout(struct request *rq)
 const struct blk_mq_ops hybd_mq_ops = {
 	.queue_rq	= hybd_queue_rq,
 	.commit_rqs	= hybd_commit_rqs,
+	.complete	= hybd_complete_rq,
 	.init_hctx	= hybd_init_hctx,
 	.timeout	= hybd_timeout,
 };
@@ -522,7 +555,7 @@ int hybd_queue_resume(struct hybd_queue *q, struct hybd_reissue *list)
 	}
 	sort(list, n, sizeof(*list), hybd_reissue_cmp, NULL);
 
-	q->sq_tail = 0;
+	WRITE_ONCE(q->sq_tail, 0);
 	q->cq_head = 0;
 	WRITE_ONCE(q->hdr->sq_tail, 0);
 	WRITE_ONCE(q->hdr->sq_head, 0);

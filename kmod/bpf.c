@@ -5,9 +5,11 @@
  * move data between a request and BPF memory.
  *
  * submit() runs in queue_rq for every request and either completes it
- * (HYBD_BPF_DONE or -errno) or passes it to the server (HYBD_BPF_PASS; a
- * write it found all zero may go as a write-zeroes, HYBD_BPF_PASS_ZEROES).
- * complete() runs for a request when the server has finished it.
+ * (HYBD_BPF_DONE or -errno), remaps it to a backing target the kernel
+ * serves it on (hybd_bpf_io_remap(), HYBD_BPF_REMAPPED), or passes it to
+ * the server (HYBD_BPF_PASS; a write it found all zero may go as a
+ * write-zeroes, HYBD_BPF_PASS_ZEROES).  complete() runs for a request when
+ * the server, or the remap, has finished it.
  *
  * Each attach or replace makes a struct hybd_bpf_prog: the ops, the
  * generation stamped on the requests it passes, and the device it belongs
@@ -199,6 +201,37 @@ __bpf_kfunc int hybd_bpf_io_is_zero(struct hybd_bpf_io *io)
 	return 1;
 }
 
+/**
+ * hybd_bpf_io_remap() - serve the request on a backing target
+ * @io: the request
+ * @index: the target, as HYBD_SRV_ADD_BACKING returned it
+ * @offset: byte offset on the target where the request's range starts
+ *          (ignored for a flush)
+ *
+ * On success submit() returns HYBD_BPF_REMAPPED and the kernel does the
+ * I/O (see HYBD_BPF_REMAPPED in uapi/hybd.h); on an error the request is
+ * untouched and the program may pass it, serve it or fail it.  Refusals
+ * count in remap_refused.
+ *
+ * Context: submit() only; does not sleep.
+ * Return: 0; -EPERM outside submit(), -EALREADY if remapped already,
+ * -EINVAL for an index out of range or an @offset the target's direct I/O
+ * cannot take, -ENOENT if no target is registered there, -ERANGE if the
+ * range passes the target's end, -EROFS for a write, discard or
+ * write-zeroes on a read-only target.
+ */
+__bpf_kfunc int hybd_bpf_io_remap(struct hybd_bpf_io *io, u32 index,
+				  u64 offset)
+{
+	struct hybd_tag *t = hybd_io_tag(io);
+	struct hybd_queue *q = t->rq->mq_hctx->driver_data;
+	int ret = hybd_remap_prepare(q, t, index, offset);
+
+	if (ret)
+		hybd_stat_inc(q, remap_refused);
+	return ret;
+}
+
 __bpf_kfunc_end_defs();
 
 BTF_KFUNCS_START(hybd_kfunc_ids)
@@ -206,6 +239,7 @@ BTF_ID_FLAGS(func, hybd_bpf_io_zero, KF_TRUSTED_ARGS)
 BTF_ID_FLAGS(func, hybd_bpf_io_copy_in, KF_TRUSTED_ARGS)
 BTF_ID_FLAGS(func, hybd_bpf_io_copy_out, KF_TRUSTED_ARGS)
 BTF_ID_FLAGS(func, hybd_bpf_io_is_zero, KF_TRUSTED_ARGS)
+BTF_ID_FLAGS(func, hybd_bpf_io_remap, KF_TRUSTED_ARGS)
 BTF_KFUNCS_END(hybd_kfunc_ids)
 
 /*
@@ -630,7 +664,8 @@ static int hybd_bpf_pass_zeroes(struct hybd_queue *q, struct hybd_tag *t)
  *
  * Context: queue_rq, under RCU.
  * Return: HYBD_BPF_PASS when the server must handle the request as it is
- * (also when no program is attached), HYBD_BPF_PASS_ZEROES when it must
+ * (also when no program is attached), HYBD_BPF_REMAPPED when a backing
+ * target serves it (hybd_remap_start()), HYBD_BPF_PASS_ZEROES when it must
  * get a write as a write-zeroes of the same range (only for a write, on a
  * device that takes it), else a blk_status_t-worthy errno or 0
  * (HYBD_BPF_DONE): the caller ends the request.  A return value outside
@@ -649,7 +684,15 @@ int hybd_bpf_submit(struct hybd_queue *q, struct hybd_tag *t)
 	t->bpf_gen = p->gen;
 	t->bpf_filled = 0;
 	t->bpf_data = false;	/* a read's payload is not the device's yet */
+	t->in_submit = true;
 	ret = p->ops->submit(&t->bio);
+	t->in_submit = false;
+	if (ret == HYBD_BPF_REMAPPED && t->remap.target)
+		return ret;
+	/* a remap the program did not go on with */
+	if (t->remap.target)
+		hybd_remap_drop(q, t);
+
 	if (ret == HYBD_BPF_DONE) {
 		if (t->bio.op == HYBD_OP_READ &&
 		    t->bpf_filled < t->bio.bytes) {
@@ -664,21 +707,23 @@ int hybd_bpf_submit(struct hybd_queue *q, struct hybd_tag *t)
 		return hybd_bpf_pass_zeroes(q, t);
 	if (ret < 0 && ret >= -MAX_ERRNO)
 		return ret;
-	/* what the fast path did wrong fails the request with EIO */
+	/* what the fast path did wrong (REMAPPED without a remap too): EIO */
 	hybd_stat_inc(q, bpf_bad_ret);
 	return -EIO;
 }
 
 /**
- * hybd_bpf_complete() - run complete() for a request the server finished
+ * hybd_bpf_complete() - run complete() for a request the server, or a
+ * remap, finished
  * @q: the request's queue
- * @t: the tag; t->bio.result holds the server's result
+ * @t: the tag; t->bio.result holds the result, t->bio.path who served it
  *
  * Runs for every slow-path completion while a program is attached, also
  * for requests submitted before it was (io->own tells): a write that was
  * in flight when a cache program arrived must still invalidate it.
  *
- * Context: process context (the server's commit), before the request ends.
+ * Context: the server's commit (process context), or a remap's completion
+ * (softirq), before the request ends.
  */
 void hybd_bpf_complete(struct hybd_queue *q, struct hybd_tag *t)
 {

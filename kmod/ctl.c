@@ -60,7 +60,7 @@ static long hybd_ctl_features(void __user *arg)
 		     HYBD_F_QUEUE_CPUS | HYBD_F_MEM_INFO | HYBD_F_RECOVERY |
 		     HYBD_F_BACKING;
 	if (hybd_bpf_ready)
-		f.features |= HYBD_F_BPF | HYBD_F_PASS_ZEROES;
+		f.features |= HYBD_F_BPF | HYBD_F_PASS_ZEROES | HYBD_F_REMAP;
 	return hybd_copy_out(arg, &f, sizeof(f));
 }
 

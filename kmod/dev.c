@@ -161,6 +161,7 @@ static void hybd_dev_free(struct kref *ref)
 	put_pid(dev->server_pid);
 	kfree(dev->cpu_queue);
 	mutex_destroy(&dev->backing_lock);
+	cleanup_srcu_struct(&dev->remap_srcu);
 	kfree(dev);
 }
 
@@ -253,6 +254,10 @@ struct hybd_dev *hybd_dev_create(const struct hybd_params *p, u32 id)
 	dev = kzalloc(sizeof(*dev), GFP_KERNEL);
 	if (!dev)
 		return ERR_PTR(-ENOMEM);
+	if (init_srcu_struct(&dev->remap_srcu)) {
+		kfree(dev);
+		return ERR_PTR(-ENOMEM);
+	}
 	kref_init(&dev->ref);
 	spin_lock_init(&dev->state_lock);
 	mutex_init(&dev->backing_lock);
@@ -806,6 +811,8 @@ void hybd_queue_stat_add(struct hybd_queue *q, struct hybd_queue_stat *dst)
 		s->bpf_pass_zeroes += qs->bpf_pass_zeroes;
 		s->held += qs->held;
 		s->reissued += qs->reissued;
+		s->remapped += qs->remapped;
+		s->remap_refused += qs->remap_refused;
 		for (i = 0; i < HYBD_LAT_BUCKETS; i++) {
 			dst->fast_lat[i] += qs->fast_lat[i];
 			dst->slow_lat[i] += qs->slow_lat[i];

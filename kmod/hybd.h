@@ -14,11 +14,13 @@
 
 #include <linux/blk-mq.h>
 #include <linux/cdev.h>
+#include <linux/fs.h>
 #include <linux/completion.h>
 #include <linux/kref.h>
 #include <linux/log2.h>
 #include <linux/mutex.h>
 #include <linux/spinlock.h>
+#include <linux/srcu.h>
 #include <linux/wait.h>
 #include <linux/workqueue.h>
 
@@ -39,6 +41,23 @@ enum hybd_tag_state {
 	 * completion, timeout or kill ends it, the resume does
 	 */
 	HYBD_TAG_REISSUE,
+	/*
+	 * served on a backing target (a remap): only its own completion
+	 * ends it; kills, timeouts and resumes leave it alone
+	 */
+	HYBD_TAG_REMAP,
+};
+
+/* A remap in progress, in its tag (backing.c). */
+struct hybd_remap {
+	struct hybd_backing	*target;	/* referenced */
+	u64			pos;		/* byte offset in the target */
+	int			srcu_idx;	/* dev->remap_srcu, held */
+	long			ret;		/* bytes done or -errno */
+	struct bio_vec		*bvec;		/* a multi-bio request's */
+	atomic_t		ref;		/* submitter + completion */
+	struct kiocb		iocb;
+	struct work_struct	work;
 };
 
 struct hybd_tag {
@@ -52,7 +71,9 @@ struct hybd_tag {
 	u8		srv_op;		/* the desc as published, for a reissue */
 	u16		srv_flags;
 	bool		bpf_data;	/* a read's payload is the device's data */
+	bool		in_submit;	/* submit() runs: remap is allowed */
 	struct hybd_bpf_io bio;		/* what the BPF program sees */
+	struct hybd_remap remap;
 };
 
 /*
@@ -70,6 +91,7 @@ struct hybd_queue_stats {
 	u64 bpf_bad_ret, bpf_unfilled, bpf_pass_zeroes;
 	u64 timed_out;
 	u64 held, reissued;
+	u64 remapped, remap_refused;
 	u64 fast_lat[HYBD_LAT_BUCKETS];
 	u64 slow_lat[HYBD_LAT_BUCKETS];
 };
@@ -179,6 +201,8 @@ struct hybd_dev {
 	/* backing targets; written under @backing_lock, read under RCU */
 	struct mutex		backing_lock;
 	struct hybd_backing __rcu *backing[HYBD_MAX_BACKINGS];
+	/* every remap holds it from its submit() to its end: the barrier */
+	struct srcu_struct	remap_srcu;
 
 	/* the BPF fast path; written under hybd_bpf_lock, read under RCU */
 	struct hybd_bpf_prog __rcu *bpf_prog;
@@ -247,9 +271,17 @@ static inline unsigned int hybd_lat_bucket(u64 start_ns)
 blk_status_t hybd_errno_status(int err);
 
 /* backing.c */
+extern struct workqueue_struct *hybd_remap_wq;
 long hybd_backing_add(struct hybd_dev *dev, void __user *arg);
 long hybd_backing_del(struct hybd_dev *dev, unsigned long index);
 void hybd_backing_drop_all(struct hybd_dev *dev);
+long hybd_remap_barrier(struct hybd_dev *dev);
+void hybd_remap_init_tag(struct hybd_tag *t);
+int hybd_remap_prepare(struct hybd_queue *q, struct hybd_tag *t, u32 index,
+		       u64 offset);
+void hybd_remap_drop(struct hybd_queue *q, struct hybd_tag *t);
+void hybd_remap_start(struct hybd_queue *q, struct hybd_tag *t);
+int hybd_remap_end(struct hybd_queue *q, struct request *rq);
 
 /* ring.c */
 extern const struct file_operations hybd_srv_fops;

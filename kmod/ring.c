@@ -61,6 +61,7 @@ int hybd_queue_alloc(struct hybd_dev *dev, struct hybd_queue *q,
 {
 	u32 sq_off, cq_off, desc_off, data_off;
 	struct hybd_ring_hdr *hdr;
+	unsigned int i;
 
 	q->dev = dev;
 	q->id = id;
@@ -71,6 +72,8 @@ int hybd_queue_alloc(struct hybd_dev *dev, struct hybd_queue *q,
 			  GFP_KERNEL);
 	if (!q->tags)
 		return -ENOMEM;
+	for (i = 0; i < dev->params.basic.queue_depth; i++)
+		hybd_remap_init_tag(&q->tags[i]);
 	q->stats = alloc_percpu(struct hybd_queue_stats);
 	if (!q->stats)
 		return -ENOMEM;
@@ -532,6 +535,8 @@ static long hybd_srv_ioctl(struct file *file, unsigned int cmd,
 		return hybd_backing_add(dev, (void __user *)arg);
 	case HYBD_SRV_DEL_BACKING:
 		return hybd_backing_del(dev, arg);
+	case HYBD_SRV_REMAP_BARRIER:
+		return arg ? -EINVAL : hybd_remap_barrier(dev);
 	default:
 		return -ENOTTY;
 	}

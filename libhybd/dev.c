@@ -763,6 +763,14 @@ int hybd_dev_del_backing(struct hybd_dev *dev, unsigned int index)
 	return 0;
 }
 
+int hybd_dev_remap_barrier(struct hybd_dev *dev)
+{
+	if (ioctl(dev->srv_fd, HYBD_SRV_REMAP_BARRIER, 0UL) < 0)
+		return hybd__err(-errno, "HYBD_SRV_REMAP_BARRIER on %s failed",
+				 dev->path);
+	return 0;
+}
+
 int hybd_dev_handed_over(const struct hybd_dev *dev)
 {
 	return hybd_load_acquire(&dev->handed_over);

@@ -357,6 +357,17 @@ int hybd_dev_add_backing(struct hybd_dev *dev, int fd, unsigned int flags,
 int hybd_dev_del_backing(struct hybd_dev *dev, unsigned int index);
 
 /*
+ * hybd_dev_remap_barrier - wait until every remap a fast path made before
+ * the call has completed (since 1.7; HYBD_F_REMAP).  A server that moves
+ * data a program remaps to updates the program's map, calls this, and
+ * only then overwrites or reuses the old place: no remap still reads it.
+ * After hybd_dev_del_backing() it also means the kernel no longer uses
+ * the deleted target's file.  Waits as long as the backing I/O takes.
+ * RETURN VALUE: 0, or -errno.
+ */
+int hybd_dev_remap_barrier(struct hybd_dev *dev);
+
+/*
  * hybd_dev_handed_over - did a new server take the device over?  (Since
  * 1.6.)  RETURN VALUE: 1 once a worker has handed its queue over, else 0.
  */

@@ -28,10 +28,10 @@ DEV_ID_ANY = 0xFFFFFFFF
 F_RINGS, F_POLL, F_SEQ_CHECK, F_BPF = 1, 2, 4, 8
 F_IO_TIMEOUT, F_DEL_FORCE = 16, 32
 F_EVENTFD, F_QUEUE_CPUS, F_MEM_INFO, F_PASS_ZEROES = 64, 128, 256, 512
-F_RECOVERY, F_BACKING = 1024, 2048
+F_RECOVERY, F_BACKING, F_REMAP = 1024, 2048, 4096
 F_KNOWN = (F_RINGS | F_POLL | F_SEQ_CHECK | F_BPF | F_IO_TIMEOUT |
            F_DEL_FORCE | F_EVENTFD | F_QUEUE_CPUS | F_MEM_INFO |
-           F_PASS_ZEROES | F_RECOVERY | F_BACKING)
+           F_PASS_ZEROES | F_RECOVERY | F_BACKING | F_REMAP)
 MAX_BACKINGS = 16
 BACKING_F_WRITE = 1
 SRV_BACKING_FMT = "<IiIIQII2Q"      # struct hybd_srv_backing, 48
@@ -77,7 +77,8 @@ STATS_FIELDS = (
     "failed_dead", "reads", "writes", "flushes", "fua", "discards",
     "write_zeroes", "rej_bad_tag", "rej_not_outstanding", "rej_stale_seq",
     "rej_bad_result", "rej_ring_index", "bpf_bad_ret", "timed_out",
-    "bpf_unfilled", "bpf_pass_zeroes", "held", "reissued",
+    "bpf_unfilled", "bpf_pass_zeroes", "held", "reissued", "remapped",
+    "remap_refused",
 )
 
 SIZES = {
@@ -113,6 +114,7 @@ CTL_HANDOVER = _ioc(_IOC_WRITE, 0x06, SIZES["struct hybd_ctl_dev"])
 SRV_ADD_BACKING = _ioc(_IOC_READ | _IOC_WRITE, 0x46,
                        struct.calcsize(SRV_BACKING_FMT))
 SRV_DEL_BACKING = _ioc(0, 0x47, 0)
+SRV_REMAP_BARRIER = _ioc(0, 0x48, 0)
 
 IOCTLS = {
     "HYBD_CTL_GET_FEATURES": CTL_GET_FEATURES,
@@ -127,6 +129,7 @@ IOCTLS = {
 SRV_IOCTLS = {
     "HYBD_SRV_ADD_BACKING": SRV_ADD_BACKING,
     "HYBD_SRV_DEL_BACKING": SRV_DEL_BACKING,
+    "HYBD_SRV_REMAP_BARRIER": SRV_REMAP_BARRIER,
 }
 
 _libc = ctypes.CDLL(None, use_errno=True)

@@ -174,7 +174,8 @@ static const struct {
 	STAT(write_zeroes), STAT(rej_bad_tag), STAT(rej_not_outstanding),
 	STAT(rej_stale_seq), STAT(rej_bad_result), STAT(rej_ring_index),
 	STAT(bpf_bad_ret), STAT(timed_out), STAT(bpf_unfilled),
-	STAT(bpf_pass_zeroes), STAT(held), STAT(reissued),
+	STAT(bpf_pass_zeroes), STAT(held), STAT(reissued), STAT(remapped),
+	STAT(remap_refused),
 };
 
 static const struct {
@@ -193,6 +194,7 @@ static const struct {
 	{ HYBD_F_PASS_ZEROES, "pass_zeroes" },
 	{ HYBD_F_RECOVERY, "recovery" },
 	{ HYBD_F_BACKING, "backing" },
+	{ HYBD_F_REMAP, "remap" },
 };
 
 #define ARRAY_SIZE(a)	(sizeof(a) / sizeof((a)[0]))
@@ -2201,6 +2203,9 @@ static void stats_text(uint32_t id, const struct hybd_dev_info *info,
 	       (uint64_t)c->bpf_pass_zeroes);
 	printf("held: %" PRIu64 " (requests that arrived while no server was attached)  reissued: %" PRIu64 " (issued again to a new server)\n",
 	       (uint64_t)c->held, (uint64_t)c->reissued);
+	printf("remapped: %" PRIu64 " (%.1f%% of all; served on a backing target, counted in fast path)  remap_refused: %" PRIu64 "\n",
+	       (uint64_t)c->remapped, share(c->remapped, all),
+	       (uint64_t)c->remap_refused);
 	putchar('\n');
 	print_histogram("fast path", st->total.fast_lat);
 	print_histogram("slow path", st->total.slow_lat);

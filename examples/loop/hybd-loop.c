@@ -4,10 +4,12 @@
  * kernel loop device, in user space, with one thread per queue.
  *
  *   hybd-loop [--queues N] [--depth N] [--max-io BYTES] [--buffered]
- *             [--io-timeout SECONDS] [--id N] [--bpf PROG.bpf.o]
- *             [--recovery SECONDS] [--attach] FILE
+ *             [--block-size BYTES] [--io-timeout SECONDS] [--id N]
+ *             [--bpf PROG.bpf.o] [--recovery SECONDS] [--attach]
+ *             [--remap[=ro]] FILE
  *
- * The device has FILE's size (a multiple of 4 KiB).  It prints "ready
+ * The device has FILE's size (a multiple of 4 KiB); FILE is a regular file
+ * or a block device (which takes no discards).  It prints "ready
  * /dev/hybdN" once the disk exists and serves it until SIGINT or SIGTERM
  * (or `hybdctl del`), then prints one line of statistics per queue:
  *
@@ -33,6 +35,15 @@
  * a new hybd-loop when this one dies, and `--attach --id N FILE` is that new
  * one (it takes a live device over too: the old server hands over and
  * exits).  The new one must serve the same FILE.
+ *
+ * --remap registers FILE as the device's backing target 0, so that a fast
+ * path can have the kernel serve requests on it: with bpf/loop.bpf.o
+ * (--bpf, or `hybdctl attach` later) every request is remapped to the same
+ * offset of FILE and this process serves nothing; without a program, or
+ * for what the kernel refuses, it serves as before.  Both write FILE at
+ * the same offsets with direct I/O, so they never disagree.  --remap=ro
+ * registers it read-only: the kernel refuses to remap writes, discards
+ * and write-zeroes (-EROFS), which the program then passes here.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -40,9 +51,12 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <liburing.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -53,6 +67,9 @@ struct loop {
 	unsigned int depth;
 	struct hybd_bpf *fast_path;	/* --bpf */
 	const char *bpf_path;
+	bool remap;			/* --remap */
+	bool remap_ro;			/* --remap=ro */
+	const char *path;
 };
 
 /* One queue: its ring and what it has done. */
@@ -289,6 +306,31 @@ static void loop_ready(struct hybd_dev *dev)
 	fflush(stdout);
 }
 
+/* --remap: before any request, FILE becomes backing target 0. */
+static int loop_prepare(struct hybd_dev *dev)
+{
+	struct loop *lo = hybd_dev_priv(dev);
+	int index;
+
+	if (!lo->remap)
+		return 0;
+	index = hybd_dev_add_backing(dev, lo->fd,
+				     lo->remap_ro ? 0 : HYBD_BACKING_F_WRITE,
+				     NULL);
+	if (index < 0) {
+		fprintf(stderr, "hybd-loop: --remap: %s\n", hybd_errmsg());
+		return index;
+	}
+	if (index != 0) {
+		fprintf(stderr, "hybd-loop: --remap: FILE is backing target %d, not 0\n",
+			index);
+		return -EEXIST;
+	}
+	printf("backing target 0: %s%s\n", lo->path,
+	       lo->remap_ro ? " (read-only)" : "");
+	return 0;
+}
+
 static const struct hybd_driver loop_driver = {
 	.read		= loop_read,
 	.write		= loop_write,
@@ -299,12 +341,30 @@ static const struct hybd_driver loop_driver = {
 	.queue_exit	= loop_queue_exit,
 	.queue_idle	= loop_idle,
 	.ready		= loop_ready,
+	.prepare	= loop_prepare,
+};
+
+/*
+ * Over a block device: no discard, which a device may not be able to do
+ * without writing (fallocate() would fail it); write-zeroes zeroes out.
+ */
+static const struct hybd_driver loop_bdev_driver = {
+	.read		= loop_read,
+	.write		= loop_write,
+	.flush		= loop_flush,
+	.write_zeroes	= loop_write_zeroes,
+	.queue_init	= loop_queue_init,
+	.queue_exit	= loop_queue_exit,
+	.queue_idle	= loop_idle,
+	.ready		= loop_ready,
+	.prepare	= loop_prepare,
 };
 
 static const char usage[] =
 	"usage: hybd-loop [--queues N] [--depth N] [--max-io BYTES] [--buffered]\n"
-	"                 [--io-timeout SECONDS] [--id N] [--bpf PROG.bpf.o]\n"
-	"                 [--recovery SECONDS] [--attach] FILE\n";
+	"                 [--block-size BYTES] [--io-timeout SECONDS] [--id N]\n"
+	"                 [--bpf PROG.bpf.o] [--recovery SECONDS] [--attach]\n"
+	"                 [--remap[=ro]] FILE\n";
 
 static uint64_t number(const char *name, const char *s)
 {
@@ -330,11 +390,14 @@ int main(int argc, char **argv)
 		{ "bpf", required_argument, NULL, 'b' },
 		{ "recovery", required_argument, NULL, 'R' },
 		{ "attach", no_argument, NULL, 'A' },
+		{ "remap", optional_argument, NULL, 'r' },
+		{ "block-size", required_argument, NULL, 'l' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
 	struct loop lo = { .fd = -1 };
 	struct hybd_config cfg;
+	uint64_t size;
 	int c, i = 0, flags = O_RDWR | O_CLOEXEC | O_DIRECT, ret;
 	struct stat st;
 
@@ -352,6 +415,16 @@ int main(int argc, char **argv)
 		case 'b': lo.bpf_path = optarg; break;
 		case 'R': cfg.recovery_timeout = number(name, optarg); break;
 		case 'A': cfg.lib_flags |= HYBD_CFG_ATTACH; break;
+		case 'r':
+			lo.remap = true;
+			if (optarg && strcmp(optarg, "ro")) {
+				fprintf(stderr, "hybd-loop: --remap=%s: only ro may follow\n",
+					optarg);
+				return 2;
+			}
+			lo.remap_ro = optarg;
+			break;
+		case 'l': cfg.logical_block_size = number(name, optarg); break;
 		case 'h': fputs(usage, stdout); return 0;
 		default: fputs(usage, stderr); return 2;
 		}
@@ -367,12 +440,21 @@ int main(int argc, char **argv)
 			strerror(errno));
 		return 1;
 	}
-	if (!S_ISREG(st.st_mode) || !st.st_size || st.st_size % 4096) {
-		fprintf(stderr, "hybd-loop: %s: not a regular file of a multiple of 4 KiB\n",
+	size = st.st_size;
+	if (S_ISBLK(st.st_mode) && ioctl(lo.fd, BLKGETSIZE64, &size))
+		size = 0;
+	if ((!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) || !size ||
+	    size % 4096) {
+		fprintf(stderr, "hybd-loop: %s: not a regular file or block device of a multiple of 4 KiB\n",
 			argv[optind]);
 		return 1;
 	}
-	cfg.size = st.st_size;
+	if (lo.remap && !(flags & O_DIRECT)) {
+		fprintf(stderr, "hybd-loop: --remap and --buffered do not mix: the kernel's remaps use direct I/O\n");
+		return 2;
+	}
+	lo.path = argv[optind];
+	cfg.size = size;
 	cfg.io_priv_size = sizeof(struct loop_req);
 	if (cfg.lib_flags & HYBD_CFG_ATTACH) {
 		struct hybd_dev_info di;
@@ -390,7 +472,8 @@ int main(int argc, char **argv)
 	}
 	lo.depth = cfg.queue_depth;
 
-	ret = hybd_run(&cfg, &loop_driver, &lo);
+	ret = hybd_run(&cfg, S_ISBLK(st.st_mode) ? &loop_bdev_driver :
+			   &loop_driver, &lo);
 	hybd_bpf_close(lo.fast_path);
 	close(lo.fd);
 	if (ret) {

@@ -101,6 +101,12 @@
 #define HYBD_F_RECOVERY		(1ULL << 10)
 /* HYBD_SRV_ADD_BACKING and HYBD_SRV_DEL_BACKING: backing targets */
 #define HYBD_F_BACKING		(1ULL << 11)
+/*
+ * The remap fast path (offered with HYBD_F_BPF and HYBD_F_BACKING):
+ * hybd_bpf_io_remap(), HYBD_BPF_REMAPPED, hybd_bpf_io.path, the remapped
+ * and remap_refused counters, and HYBD_SRV_REMAP_BARRIER.
+ */
+#define HYBD_F_REMAP		(1ULL << 12)
 
 /*
  * Supported operations (hybd_param_basic.ops).  READ is mandatory; a
@@ -273,7 +279,14 @@ struct hybd_dev_stats {
 	__u64	held;
 	/* HYBD_F_RECOVERY: requests issued again to a new server */
 	__u64	reissued;
-	__u64	reserved[9];
+	/*
+	 * HYBD_F_REMAP: requests the fast path served on a backing target
+	 * (part of fast_done; failed ones count in fast_errors too)
+	 */
+	__u64	remapped;
+	/* HYBD_F_REMAP: hybd_bpf_io_remap() calls refused with an errno */
+	__u64	remap_refused;
+	__u64	reserved[7];
 };
 
 /* HYBD_CTL_INFO */
@@ -627,6 +640,19 @@ struct hybd_srv_backing {
 #define HYBD_SRV_DEL_BACKING	_IO(HYBD_IOC_MAGIC, 0x47)
 
 /*
+ * HYBD_SRV_REMAP_BARRIER (HYBD_F_REMAP, no argument): returns once every
+ * remap whose submit() began before the call has completed.  A server
+ * that moves data a program may remap to (a block rewritten elsewhere, a
+ * chunk freed and reused) updates the program's map first, then calls
+ * this, and only then overwrites or reuses the old place: a remap that
+ * read the old mapping is over, and every later one sees the new mapping.
+ * Together with HYBD_SRV_DEL_BACKING it also means the kernel no longer
+ * uses the deleted target's file.  It waits for the backing I/O, as long
+ * as that takes.
+ */
+#define HYBD_SRV_REMAP_BARRIER	_IO(HYBD_IOC_MAGIC, 0x48)
+
+/*
  * ---------------------------------------------------------------------
  * The BPF fast path
  * ---------------------------------------------------------------------
@@ -676,6 +702,38 @@ struct hybd_srv_backing {
 #define HYBD_BPF_DONE		0	/* completed in the kernel, success */
 #define HYBD_BPF_PASS		1	/* goes to the user-space server */
 #define HYBD_BPF_PASS_ZEROES	2	/* a zero write: goes as write-zeroes */
+/*
+ * HYBD_BPF_REMAPPED (HYBD_F_REMAP): submit() called hybd_bpf_io_remap()
+ * for the request, which returned 0; the kernel serves the request on that
+ * backing target, without the server, and complete() runs when it is done
+ * (io->path is HYBD_BPF_PATH_REMAP).  Returned without a successful remap,
+ * it is outside the contract (bpf_bad_ret, EIO).  A remap the program made
+ * but did not return REMAPPED for is dropped.
+ *
+ * What the kernel does, at the target's byte offset the program gave:
+ *   READ, WRITE    direct I/O on the request's own pages (no copy), from
+ *                  a kernel worker; FUA becomes a data sync of the range;
+ *                  a read that comes back short (the file was truncated
+ *                  under it) reads as zeros past what it got;
+ *   FLUSH          fdatasync of the named target and of every target
+ *                  written through a remap since its last flush;
+ *   DISCARD        a file: punch a hole; a block device: zero-out if it
+ *                  can do it without writing, else nothing (a discard is
+ *                  a hint);
+ *   WRITE_ZEROES   a file: zero the range (NOUNMAP) or punch a hole; a
+ *                  block device: zero-out.
+ * The request ends with the status of that I/O.
+ *
+ * Consistency with the slow path: a remap reads and writes the target as
+ * it is when the kernel gets to it.  A server that moves data a program
+ * remaps to updates the program's map first, then calls
+ * HYBD_SRV_REMAP_BARRIER, and only then reuses the old place.
+ */
+#define HYBD_BPF_REMAPPED	3
+
+/* hybd_bpf_io.path in complete(): who served the request */
+#define HYBD_BPF_PATH_SLOW	0	/* the server */
+#define HYBD_BPF_PATH_REMAP	1	/* a backing target, remapped */
 
 /*
  * The request as a program sees it.  Read-only but for scratch, which
@@ -698,7 +756,7 @@ struct hybd_bpf_io {
 	 * attach still invalidate what the new program caches.
 	 */
 	__u32	own;
-	__u32	reserved0;
+	__u32	path;		/* complete(): HYBD_BPF_PATH_* */
 	__u64	scratch;	/* program-owned, per request */
 };
 
@@ -720,21 +778,23 @@ struct hybd_bpf_ops {
 	 * Context: queue_rq, under RCU; must not sleep.
 	 *
 	 * Return: HYBD_BPF_DONE (see above), HYBD_BPF_PASS,
-	 * HYBD_BPF_PASS_ZEROES for a write (see above), or -errno to fail
+	 * HYBD_BPF_PASS_ZEROES for a write, HYBD_BPF_REMAPPED after a
+	 * successful hybd_bpf_io_remap() (see above), or -errno to fail
 	 * the request; anything else fails it with EIO and counts in
 	 * bpf_bad_ret.
 	 */
 	int	(*submit)(struct hybd_bpf_io *io);
 	/**
-	 * @complete: called when the server has finished a request (optional),
-	 * before the block layer sees it; io->result is the server's status,
-	 * io->own whether this program's submit() passed it.  A read's
+	 * @complete: called when the server, or a remap, has finished a
+	 * request (optional), before the block layer sees it; io->result is
+	 * its status, io->path who served it (HYBD_BPF_PATH_*), io->own
+	 * whether this program's submit() passed or remapped it.  A read's
 	 * payload is readable only if io->result is 0.
 	 *
-	 * Context: the server's commit (process context, under RCU); must
-	 * not sleep.
+	 * Context: the server's commit (process context, under RCU), or for
+	 * a remap the request's completion (softirq); must not sleep.
 	 *
-	 * Return: nothing; the request ends with the server's status.
+	 * Return: nothing; the request ends with that status.
 	 */
 	void	(*complete)(struct hybd_bpf_io *io);
 	__u32	dev_id;

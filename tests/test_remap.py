@@ -1,0 +1,392 @@
+# SPDX-License-Identifier: GPL-2.0
+"""The remap fast path (HYBD_F_REMAP): a program's submit() names a
+backing target and an offset (hybd_bpf_io_remap()), returns
+HYBD_BPF_REMAPPED, and the kernel serves the request there with direct I/O
+on the request's own pages: no trip to user space.
+
+bpf/loop.bpf.o remaps everything to the same offset of target 0, which
+`hybd-loop --remap FILE` registers: a whole loop device in BPF, whose
+server serves only what the kernel refuses, or everything while no
+program is attached.  The file lives on ext4 on a loop device (direct I/O
+works there as on a disk); a block-device target is a kernel loop device.
+"""
+
+import errno
+import os
+import subprocess
+
+import pytest
+
+from hybdbpf import (delta, detach_ok, disk_completed_ios, fastpath,  # noqa: F401
+                     need_bpf, prog, settle, stats, suite_prog)
+from hybdlib import (LOOP, T_CMD, T_IO, direct_read, direct_write,
+                     first_difference, fio_verify, hybdctl, hybdctl_json,
+                     io_errno, loop_device, need_built, need_tool, pattern,
+                     record, run, wait_for)
+from test_backing import dio_fs  # noqa: F401 (fixture)
+from test_recovery import Background, let_run, seeded, wait_waiting
+
+MiB = 1 << 20
+BLOCK = 4096
+
+
+@pytest.fixture(autouse=True)
+def _built():
+    need_bpf()
+    need_built(LOOP, "examples/loop/hybd-loop")
+
+
+def sparse(path, size):
+    with open(path, "wb") as f:
+        f.truncate(size)
+    return path
+
+
+def start_loop(servers, target, *args):
+    """hybd-loop --remap over target, 2 queues; returns the server."""
+    srv = servers.start([LOOP, "--queues", "2", "--remap", *args, target])
+    assert "backing target 0: " in srv.output(), srv.output()
+    settle()        # udev's probe reads the new disk before any program
+    return srv
+
+
+def prog_globals(dev):
+    """The attached program's .bss globals, signed."""
+    maps = hybdctl_json("stats", str(dev), "--maps")["maps"]
+    bss = [m for m in maps if m.endswith(".bss")]
+    assert len(bss) == 1, maps
+    return {k: v - (1 << 64) if v >= 1 << 63 else v
+            for k, v in maps[bss[0]].items()}
+
+
+def file_read(path, offset, length):
+    """Read the backing target the way any program does (page cache)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.pread(fd, length, offset)
+    finally:
+        os.close(fd)
+
+
+def file_write(path, offset, data):
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        assert os.pwrite(fd, data, offset) == len(data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def assert_all_remapped(after, before):
+    """Everything the block layer sent since before was served by the
+    remap, once."""
+    s = delta(after, before)
+    total = (s["reads"] + s["writes"] + s["flushes"] + s["discards"] +
+             s["write_zeroes"])
+    assert s["slow_issued"] == 0, f"the server saw requests: {s}"
+    assert s["remapped"] == s["fast_done"] == total > 0, s
+    assert (s["fast_errors"], s["remap_refused"], s["bpf_bad_ret"]) == \
+        (0, 0, 0), s
+
+
+def check_offsets(dev, path, size, seed):
+    """What the device writes lands in the target at the same offset, and
+    what the target holds is what the device reads."""
+    for i, off in enumerate((0, 5 * MiB + 8 * BLOCK, size - 64 * 1024)):
+        data = pattern(f"{seed}-{i}", 64 * 1024)
+        direct_write(dev, off, data)
+        got = file_read(path, off, len(data))
+        assert got == data, f"target at {off}: {first_difference(got, data)}"
+        back = pattern(f"{seed}-back-{i}", 64 * 1024)
+        file_write(path, off, back)
+        got = direct_read(dev, off, len(back))
+        assert got == back, f"device at {off}: {first_difference(got, back)}"
+
+
+CASES = [("512", 1, "1M"), ("4k", 32, "8M"), ("128k", 32, "16M"),
+         ("1m", 1, "16M")]
+
+
+@pytest.mark.time_limit(900)
+@pytest.mark.parametrize("kind", ["file", "bdev"])
+def test_bpf_loop_fio_verify(dio_fs, servers, fastpath, tmp_path, kind):
+    """fio --verify at 512 B to 1 MiB, QD1 and QD32, 2 jobs on 2 queues,
+    on the BPF loop device over a file and over a block device: no error,
+    every request served by the remap, and the data where it belongs."""
+    mnt, _ = dio_fs
+    size = 64 * MiB
+    if kind == "file":
+        target = sparse(mnt / "loop.img", size)
+        ctx = None
+    else:
+        ctx = loop_device(sparse(tmp_path / "disk.img", size))
+        target = ctx.__enter__()
+    try:
+        srv = start_loop(servers, target, "--block-size", "512")
+        fastpath.attach(prog("loop"), srv.dev)
+        base = stats(srv.dev)
+        for bs, qd, per_job in CASES:
+            fio_verify(srv.dev, bs, per_job, 2, iodepth=qd)
+        check_offsets(srv.dev, target, size, kind)
+        s = stats(srv.dev)
+        assert_all_remapped(s, base)
+        assert prog_globals(srv.dev)["remap_errors"] == 0
+        record(f"test_bpf_loop_fio_verify[{kind}]",
+               f"remapped={s['remapped']} reads={s['reads']} "
+               f"writes={s['writes']}")
+        detach_ok(srv.dev)
+        srv.stop()
+    finally:
+        if ctx is not None:
+            ctx.__exit__(None, None, None)
+
+
+@pytest.mark.time_limit(900)
+def test_attach_replace_detach_under_fio_verify(dio_fs, servers, fastpath):
+    """The loop program comes and goes under fio --verify: no error, every
+    request completed once, and with no program the server serves all."""
+    mnt, _ = dio_fs
+    rng = seeded("remap-cycle")
+    target = sparse(mnt / "loop.img", 64 * MiB)
+    srv = start_loop(servers, target)
+    fio = Background(lambda: fio_verify(srv.dev, "4k", "16M", 2))
+    try:
+        let_run(fio, rng, 1.0)
+        for step in range(6):
+            if step % 3 == 0:
+                fastpath.attach(prog("loop"), srv.dev)
+            elif step % 3 == 1:
+                fastpath.attach(prog("loop"), srv.dev, replace=True)
+            else:
+                detach_ok(srv.dev)
+                # nothing is remapped while no program is attached
+                before = stats(srv.dev)
+                let_run(fio, rng, 1.0)
+                after = stats(srv.dev)
+                assert after["remapped"] == before["remapped"], after
+                assert after["slow_done"] > before["slow_done"], after
+            let_run(fio, rng, 1.0)
+    finally:
+        fio.stop()
+    s = stats(srv.dev)
+    assert s["slow_issued"] == s["slow_done"] > 0, s
+    assert s["remapped"] > 0, s
+    assert s["fast_done"] + s["slow_done"] == disk_completed_ios(srv.dev), s
+    assert s["fast_done"] + s["slow_done"] == (
+        s["reads"] + s["writes"] + s["flushes"] + s["discards"] +
+        s["write_zeroes"]), s
+    for k in ("slow_errors", "fast_errors", "failed_dead", "remap_refused",
+              "bpf_bad_ret", "timed_out"):
+        assert s[k] == 0, (k, s)
+    record("test_attach_replace_detach_under_fio_verify",
+           f"remapped={s['remapped']} slow_done={s['slow_done']} "
+           f"fio_runs={fio.runs}")
+    srv.stop()
+
+
+def free_bytes(mnt):
+    st = os.statvfs(mnt)
+    return st.f_bfree * st.f_frsize
+
+
+def test_server_death_with_remaps_in_flight(dio_fs, servers, fastpath):
+    """SIGKILL of the server while fio keeps QD32 of remaps in flight: the
+    device dies, every request ends (remaps with their own status), and
+    once the device is gone no reference to the backing file is left: its
+    space comes back when it is unlinked."""
+    mnt, _ = dio_fs
+    fio_exe = need_tool("fio")
+    target = mnt / "loop.img"
+    with open(target, "wb") as f:
+        for _ in range(32):
+            f.write(os.urandom(MiB))
+        os.fsync(f.fileno())
+    srv = start_loop(servers, target)
+    fastpath.attach(prog("loop"), srv.dev)
+    base = stats(srv.dev)
+    fio = subprocess.Popen(
+        [fio_exe, "--name=load", f"--filename={srv.dev}", "--direct=1",
+         "--ioengine=libaio", "--iodepth=32", "--rw=randrw", "--bs=16k",
+         "--numjobs=2", "--time_based", "--runtime=60", "--size=32M"],
+        cwd="/tmp", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True)
+    try:
+        wait_for(lambda: stats(srv.dev)["remapped"] > 2000, T_IO,
+                 "remaps under way")
+        srv.kill()
+        # the kernel fails the rest: fio ends with errors, and soon
+        _, err = fio.communicate(timeout=T_IO)
+        assert fio.returncode != 0, err
+    finally:
+        if fio.poll() is None:
+            fio.kill()
+            fio.wait()
+    name = os.path.basename(srv.dev)
+    wait_for(lambda: open(f"/sys/block/{name}/inflight").read().split() ==
+             ["0", "0"], T_CMD, "nothing in flight")
+    s = stats(srv.dev)
+    assert s["remapped"] > 2000 and s["failed_dead"] > 0, s
+    assert s["slow_issued"] == base["slow_issued"], s
+    detach_ok(srv.dev)
+    rc, out, err = hybdctl("del", srv.dev)
+    assert rc == 0, out + err
+    wait_for(lambda: not os.path.exists(srv.dev), T_CMD, "device gone")
+
+    before = free_bytes(mnt)
+    os.unlink(target)
+    subprocess.run(["sync"], check=True)
+    wait_for(lambda: free_bytes(mnt) - before >= 30 * MiB, T_CMD,
+             "the unlinked file's space to come back")
+
+
+@pytest.mark.time_limit(900)
+def test_server_death_in_recovery_mode_holds_then_remaps_again(
+        dio_fs, servers, fastpath):
+    """With a recovery timeout, the targets go with the dead server: the
+    kernel refuses the remaps, the requests wait for the next server, which
+    registers the file again, and fio --verify sees no error."""
+    mnt, _ = dio_fs
+    rng = seeded("remap-recovery")
+    target = sparse(mnt / "loop.img", 64 * MiB)
+    srv = start_loop(servers, target, "--recovery", "60")
+    fastpath.attach(prog("loop"), srv.dev)
+    fio = Background(lambda: fio_verify(srv.dev, "4k", "16M", 2))
+    try:
+        for _ in range(3):
+            let_run(fio, rng, 1.0)
+            old = srv
+            old.kill()
+            wait_waiting(old)
+            srv = servers.start([LOOP, "--attach", "--id", old.id, "--remap",
+                                 target])
+            assert srv.dev == old.dev
+    finally:
+        fio.stop()
+    detach_ok(srv.dev)
+    s = stats(srv.dev)
+    assert s["remapped"] > 0 and s["remap_refused"] > 0, s
+    assert s["slow_issued"] == s["slow_done"], s
+    assert s["fast_done"] + s["slow_done"] == (
+        s["reads"] + s["writes"] + s["flushes"] + s["discards"] +
+        s["write_zeroes"]), s
+    for k in ("slow_errors", "fast_errors", "failed_dead", "timed_out"):
+        assert s[k] == 0, (k, s)
+    srv.stop()
+
+
+def test_bad_remaps_are_refused_counted_and_served(dio_fs, servers,
+                                                   fastpath):
+    """Every misuse of hybd_bpf_io_remap() gets its errno and counts in
+    remap_refused; the request is then served by the server, with the
+    right data."""
+    mnt, _ = dio_fs
+    target = sparse(mnt / "loop.img", 16 * MiB)
+    srv = start_loop(servers, target.as_posix(), "--remap=ro")
+    srv_out = srv.output()
+    assert "(read-only)" in srv_out, srv_out
+    blocks = 16
+    data = [pattern(f"bad-{i}", BLOCK) for i in range(blocks)]
+    fastpath.attach(suite_prog("remapbad"), srv.dev)
+    before = stats(srv.dev)
+    for i in range(blocks):
+        direct_write(srv.dev, i * BLOCK, data[i])
+    mid = stats(srv.dev)
+    g = prog_globals(srv.dev)
+    assert g["got_write"] == -errno.EROFS, g
+    # a write is refused in submit() and in complete()
+    assert mid["remap_refused"] - before["remap_refused"] == 2 * blocks
+    assert mid["slow_done"] - before["slow_done"] == blocks
+
+    for i in range(blocks):
+        case = i % 8
+        if case == 6:
+            assert io_errno(direct_read, srv.dev, i * BLOCK, BLOCK) == \
+                errno.EIO, i
+        elif case == 7:
+            assert io_errno(direct_read, srv.dev, i * BLOCK, BLOCK) == \
+                errno.ENODATA, i
+        else:
+            got = direct_read(srv.dev, i * BLOCK, BLOCK)
+            assert got == data[i], (i, first_difference(got, data[i]))
+    after = stats(srv.dev)
+    g = prog_globals(srv.dev)
+    want = {"got0": -errno.ENOENT, "got1": -errno.ERANGE,
+            "got2": -errno.EINVAL, "got3": -errno.EINVAL,
+            "got4_first": 0, "got4": -errno.EALREADY, "got5": 0, "got7": 0,
+            "got_complete": -errno.EPERM}
+    assert {k: g[k] for k in want} == want, g
+    d = {k: after[k] - mid[k] for k in after}
+    # per 8 blocks: 5 refused in submit(), and complete() is refused for
+    # the 5 that went to the server and the one remapped
+    assert d["remap_refused"] == 2 * (5 + 6), d
+    assert (d["remapped"], g["remapped_reads"], g["completes_remap"]) == \
+        (2, 2, 2), (d, g)
+    assert d["bpf_bad_ret"] == 2, d
+    assert d["slow_done"] == d["slow_issued"] == 10, d
+    assert d["fast_errors"] == 4, d
+    detach_ok(srv.dev)
+    srv.stop()
+
+
+def test_short_read_past_eof_discard_write_zeroes_and_flush(dio_fs, servers,
+                                                           fastpath):
+    """A target file truncated under the device reads as zeros past its
+    end; discard punches a hole, write-zeroes zeroes, flush syncs, all in
+    the kernel."""
+    mnt, _ = dio_fs
+    blkdiscard = need_tool("blkdiscard")
+    target = sparse(mnt / "loop.img", 16 * MiB)
+    srv = start_loop(servers, target)
+    fastpath.attach(prog("loop"), srv.dev)
+    base = stats(srv.dev)
+
+    tail = pattern("tail", 2 * MiB)
+    direct_write(srv.dev, 14 * MiB, tail)
+    os.truncate(target, 15 * MiB)
+    got = direct_read(srv.dev, 14 * MiB, 2 * MiB)
+    want = tail[:MiB] + bytes(MiB)
+    assert got == want, first_difference(got, want)
+    os.truncate(target, 16 * MiB)
+
+    head = pattern("head", 2 * MiB)
+    direct_write(srv.dev, 0, head)
+    fd = os.open(srv.dev, os.O_RDWR)
+    try:
+        before = stats(srv.dev)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    s = stats(srv.dev)
+    assert s["flushes"] > before["flushes"], s
+    blocks = os.stat(target).st_blocks
+    res = run([blkdiscard, "-o", "0", "-l", str(MiB), srv.dev], timeout=T_CMD)
+    assert res.returncode == 0, res.stderr
+    assert os.stat(target).st_blocks <= blocks - MiB // 512, \
+        "discard punched no hole"
+    res = run([blkdiscard, "-z", "-o", str(MiB), "-l", str(MiB), srv.dev],
+              timeout=T_CMD)
+    assert res.returncode == 0, res.stderr
+    assert file_read(target, 0, 2 * MiB) == bytes(2 * MiB)
+    assert direct_read(srv.dev, 0, 2 * MiB) == bytes(2 * MiB)
+    s = stats(srv.dev)
+    assert s["discards"] > 0 and s["write_zeroes"] > 0, s
+    assert_all_remapped(s, base)
+    detach_ok(srv.dev)
+    srv.stop()
+
+
+def test_barrier_and_feature(dio_fs, servers):
+    """HYBD_F_REMAP is offered; HYBD_SRV_REMAP_BARRIER returns at once with
+    nothing in flight, and refuses an argument."""
+    import hybd_uapi as u
+    from test_backing import Served
+    with u.Control() as ctl:
+        e, _, feats = u.features(ctl)
+        assert e == 0 and feats & u.F_REMAP, (e, feats)
+    s = Served()
+    try:
+        assert u._libc.ioctl(s.fd, u.SRV_REMAP_BARRIER, 0) == 0
+        r = u._libc.ioctl(s.fd, u.SRV_REMAP_BARRIER, 1)
+        assert r < 0 and u.ctypes.get_errno() == errno.EINVAL
+    finally:
+        s.remove()
