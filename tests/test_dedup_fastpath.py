@@ -26,7 +26,7 @@ DEDUP = REPO / "examples" / "dedup" / "dedup.bpf.o"
 MAPFILL = REPO / "tests" / "helpers" / "mapfill"
 
 COUNTERS = {"reads", "zero_hits", "cache_hits", "read_misses", "fills",
-            "races", "zero_writes"}
+            "races", "zero_writes", "remap_hits"}
 
 
 @pytest.fixture(autouse=True)
@@ -98,7 +98,8 @@ def test_dedup_fast_path_loads_and_serves(ramdisk, fastpath):
     dev = srv.dev
     fastpath.attach(dedup_prog(), dev)
     maps = {p.name for p in (pin_dir(dev_id_of(dev)) / "maps").iterdir()}
-    assert {"dedup_zero", "dedup_cache", "hybd_versions"} <= maps, maps
+    assert {"dedup_zero", "dedup_chunk", "dedup_cache",
+            "hybd_versions"} <= maps, maps
     assert set(counters(dev)[1]) == COUNTERS
 
     # known-zero blocks (never written: the ramdisk holds zeros there),

@@ -7,16 +7,20 @@
  *
  * Reads of up to DEDUP_MAX_BLOCKS blocks complete here when every block
  * is either known to read as zeros (dedup_zero, kept exact by the slow
- * path) or held by the cache with its current version stamp; anything
- * else goes to the slow path, whose successful reads fill the cache in
- * complete().  Writes, discards and write-zeroes always go to the slow
+ * path) or held by the cache with its current version stamp.  A read whose
+ * blocks are all stored, in chunks that lie one after the other in the
+ * store (dedup_chunk, kept exact by the slow path too), is remapped: the
+ * kernel reads it straight from the store, registered as backing target
+ * 0.  Anything else goes to the slow path.  Successful reads, served by
+ * the slow path or a remap, fill the cache in complete().  Writes, discards and write-zeroes always go to the slow
  * path: they bump the blocks' versions (submit and complete) and drop
  * their cached copies, and a write whose payload is all zeros is handed
  * over as a write-zeroes, without its payload (HYBD_BPF_PASS_ZEROES).
  *
  * The cache is hybd_cache.bpf.h's, as in bpf/cache.bpf.c: direct-mapped
  * 4 KiB slots, each guarded by a sequence count and valid only for the
- * version stamp stored with it.
+ * version stamp stored with it.  Built with -DDEDUP_NO_CACHE
+ * (dedup-nocache.bpf.o) it has none: holes and remaps only.
  */
 #include "hybd_cache.bpf.h"
 
@@ -41,6 +45,23 @@ struct {
 	__type(value, __u32);
 } dedup_zero SEC(".maps") HYBD_PER_BLOCK;
 
+/*
+ * Where each block's chunk is in the store, written by the slow path only
+ * (an interface with dedup.c): its byte offset, 0 for a hole or unknown.
+ * The slow path changes an entry before the request that changed the
+ * block completes, and reuses a chunk only after a remap barrier
+ * (hybd_dev_remap_barrier()) that follows the entry's change: a remap
+ * that read an old offset is over before anything else is written there.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1U << 22);
+	__type(key, __u32);
+	__type(value, __u64);
+} dedup_chunk SEC(".maps") HYBD_PER_BLOCK;
+
+#define DEDUP_STORE	0	/* the backing target: the store */
+
 HYBD_CACHE_DEFINE(dedup_cache, DEDUP_CACHE_SLOTS);
 
 /*
@@ -62,13 +83,15 @@ struct {
 /*
  * Counters: global variables, which libbpf keeps in the object's .bss map
  * ("dedup.bss"); `hybdctl stats DEV --maps` shows them by name.  Every
- * read counts in reads and in one of zero_hits, cache_hits, read_misses;
- * the hit rate is (zero_hits + cache_hits) / reads.
+ * read counts in reads and in one of zero_hits, cache_hits, remap_hits,
+ * read_misses; the hit rate is (zero_hits + cache_hits + remap_hits) /
+ * reads.
  */
 __u64 reads;		/* reads seen by submit() */
 __u64 zero_hits;	/* reads served entirely as zeros */
 __u64 cache_hits;	/* reads served with at least one cached block */
 __u64 read_misses;	/* reads passed to the slow path */
+__u64 remap_hits;	/* reads remapped to the store */
 __u64 fills;		/* blocks the slow path's reads filled in */
 __u64 races;		/* hits given up because a fill took the slot */
 __u64 zero_writes;	/* writes passed as write-zeroes */
@@ -123,8 +146,33 @@ static __always_inline __u64 dedup_stamp(__u64 first, __u64 count)
 	return sum;
 }
 
+/*
+ * The store offset of a read whose blocks are all stored in consecutive
+ * chunks, or 0.
+ */
+static __always_inline __u64 dedup_extent(__u64 first, __u64 count)
+{
+	__u64 start = 0, i, *off;
+	__u32 key;
+
+	if (first + count > 0xffffffffULL)
+		return 0;
+	for (i = 0; i < DEDUP_MAX_BLOCKS && i < count; i++) {
+		key = first + i;
+		off = bpf_map_lookup_elem(&dedup_chunk, &key);
+		if (!off || !*off)
+			return 0;
+		if (!i)
+			start = *off;
+		else if (*off != start + i * HYBD_BLOCK_SIZE)
+			return 0;
+	}
+	return start;
+}
+
 static __always_inline int dedup_read(struct hybd_bpf_io *io)
 {
+	__u64 store_off;
 	struct dedup_zblock *zeros;
 	__u64 first, count, i;
 	bool cached = false;
@@ -151,6 +199,9 @@ static __always_inline int dedup_read(struct hybd_bpf_io *io)
 	zeros = bpf_map_lookup_elem(&dedup_zblock, &key);
 	if (!zeros)
 		goto pass;
+#ifdef DEDUP_NO_CACHE
+	goto pass;
+#endif
 	for (i = 0; i < DEDUP_MAX_BLOCKS && i < count; i++) {
 		if (dedup_known_zero(first + i)) {
 			ret = hybd_bpf_io_copy_in(io, i * HYBD_BLOCK_SIZE,
@@ -177,6 +228,11 @@ static __always_inline int dedup_read(struct hybd_bpf_io *io)
 pass:
 	/* before the slow path can read anything: see dedup_stamp() */
 	io->scratch = dedup_stamp(first, count);
+	store_off = dedup_extent(first, count);
+	if (store_off && !hybd_bpf_io_remap(io, DEDUP_STORE, store_off)) {
+		dedup_count(remap_hits);
+		return HYBD_BPF_REMAPPED;
+	}
 miss:
 	dedup_count(read_misses);
 	return HYBD_BPF_PASS;
@@ -230,6 +286,9 @@ void BPF_STRUCT_OPS(dedup_complete, struct hybd_bpf_io *io)
 	}
 	if (sum != io->scratch)
 		return;
+#ifdef DEDUP_NO_CACHE
+	return;
+#endif
 
 	for (i = 0; i < DEDUP_MAX_BLOCKS && i < count; i++) {
 		/* served from dedup_zero: no slot needed */

@@ -6,7 +6,7 @@
  *   dedup format --size SIZE [--force] STORE
  *   dedup serve [--queues N] [--depth N] [--threads N] [--id N]
  *               [--io-timeout SECONDS] [--bpf PROG.bpf.o | --no-fast-path]
- *               STORE
+ *               [--no-remap] STORE
  *   dedup check STORE
  *   dedup status [--json] /dev/hybdN | STORE
  *
@@ -14,8 +14,12 @@
  * SIGINT or SIGTERM (or `hybdctl del`); a flush or a FUA write makes what
  * was written durable (store.c, README.md).  Its fast path (dedup.bpf.o,
  * next to this program unless --bpf says otherwise) answers reads of holes
- * and of cached blocks in the kernel, and sends all-zero writes here
- * without their payload; serve keeps the program's dedup_zero map exact.
+ * and of cached blocks in the kernel, has the kernel read other mapped
+ * blocks straight from the store (a remap: the store is registered as the
+ * device's read-only backing target 0; --no-remap does not), and sends
+ * all-zero writes here without their payload; serve keeps the program's
+ * dedup_zero and dedup_chunk maps exact, and waits for remaps before it
+ * reuses a freed chunk.
  *
  * status of a served device reads what its server publishes in
  * /run/hybd-dedup/hybdN.stats (refreshed every STATS_PERIOD_MS) and the
@@ -46,6 +50,7 @@
 #define STATS_MAGIC		0x44445354u	/* "DDST" */
 #define STATS_PERIOD_MS		100
 #define ZERO_MAP		"dedup_zero"
+#define CHUNK_MAP		"dedup_chunk"
 
 /* What a server publishes for `dedup status` (a shared mapping). */
 struct live_stats {
@@ -71,6 +76,10 @@ struct server {
 	pthread_mutex_t bpf_lock;	/* detaching it on a failed update */
 	int zero_fd;
 	_Atomic uint32_t zero_entries;	/* 0: dedup_zero is not kept */
+	int chunk_fd;
+	_Atomic uint32_t chunk_entries;	/* 0: dedup_chunk is not kept */
+	bool no_remap;			/* --no-remap */
+	struct hybd_dev *dev;		/* for the remap barrier */
 	struct live_stats *live;
 	char live_path[64];
 	pthread_t stats_thread;
@@ -174,41 +183,110 @@ static int dedup_hole(struct hybd_io *io, uint64_t off, uint32_t len)
 
 /* ---- the fast path ---- */
 
-/* A block started or stopped being a hole: what the fast path may serve. */
-static void zero_changed(void *arg, uint64_t blk, bool zero)
-{
-	struct server *sv = arg;
-	uint32_t key = blk, val = zero;
-	int err;
-
-	if (blk >= atomic_load(&sv->zero_entries))
-		return;
-	if (!bpf_map_update_elem(sv->zero_fd, &key, &val, BPF_ANY))
-		return;
-	/*
-	 * The kernel refused an array update (it cannot, short of a bug):
-	 * the map no longer follows the store, so the program must go.  It
-	 * is gone before this returns, and so before the request that
-	 * changed the block completes.
-	 */
-	err = errno;
-	pthread_mutex_lock(&sv->bpf_lock);
-	if (sv->bpf) {
-		fprintf(stderr, "dedup: updating %s[%u]: %s; detaching the fast path\n",
-			ZERO_MAP, key, strerror(err));
-		atomic_store(&sv->zero_entries, 0);
-		hybd_bpf_detach(sv->bpf);
-		sv->bpf = NULL;
-	}
-	pthread_mutex_unlock(&sv->bpf_lock);
-}
-
 static uint32_t map_entries(int fd)
 {
 	struct bpf_map_info info = { 0 };
 	uint32_t len = sizeof(info);
 
 	return bpf_map_get_info_by_fd(fd, &info, &len) ? 0 : info.max_entries;
+}
+
+/*
+ * The kernel refused an array update (it cannot, short of a bug): the
+ * maps no longer follow the store, so the program must go.  It is gone
+ * before this returns, and so before the request that changed the block
+ * completes.
+ */
+static void map_update_failed(struct server *sv, const char *map,
+			      uint32_t key, int err)
+{
+	pthread_mutex_lock(&sv->bpf_lock);
+	if (sv->bpf) {
+		fprintf(stderr, "dedup: updating %s[%u]: %s; detaching the fast path\n",
+			map, key, strerror(err));
+		atomic_store(&sv->zero_entries, 0);
+		atomic_store(&sv->chunk_entries, 0);
+		hybd_bpf_detach(sv->bpf);
+		sv->bpf = NULL;
+	}
+	pthread_mutex_unlock(&sv->bpf_lock);
+}
+
+/*
+ * A block's map entry changed (under its lock): what the fast path may
+ * serve.  dedup_chunk first: a block that stops being a hole is never a
+ * hole pointing nowhere, and one that becomes a hole reads as zeros from
+ * dedup_zero before its chunk may go.
+ */
+static void map_changed(void *arg, uint64_t blk, uint64_t old_off,
+			uint64_t new_off)
+{
+	struct server *sv = arg;
+	uint32_t key = blk, zero = !new_off;
+
+	if (blk < atomic_load(&sv->chunk_entries) &&
+	    bpf_map_update_elem(sv->chunk_fd, &key, &new_off, BPF_ANY))
+		map_update_failed(sv, CHUNK_MAP, key, errno);
+	if (!old_off == !new_off)
+		return;
+	if (blk < atomic_load(&sv->zero_entries) &&
+	    bpf_map_update_elem(sv->zero_fd, &key, &zero, BPF_ANY))
+		map_update_failed(sv, ZERO_MAP, key, errno);
+}
+
+/*
+ * A commit is about to let freed chunks be reused: no remap that found
+ * one of them in dedup_chunk (which no longer has them) may still read.
+ */
+static int chunks_reusable(void *arg)
+{
+	struct server *sv = arg;
+	int ret = hybd_dev_remap_barrier(sv->dev);
+
+	if (ret)
+		fprintf(stderr, "dedup: %s; freed chunks wait\n", hybd_errmsg());
+	return ret;
+}
+
+/*
+ * --remap (the default): the store becomes the device's read-only backing
+ * target 0, and dedup_chunk says where each block's chunk is in it.  A
+ * store the kernel cannot read with direct I/O is served without.
+ */
+static int setup_remap(struct server *sv, struct hybd_dev *dev)
+{
+	uint64_t blk, n = dd_nr_blocks(sv->s), off;
+	uint32_t key;
+	int index;
+
+	sv->chunk_fd = hybd_bpf_map_fd(sv->bpf, CHUNK_MAP);
+	if (sv->no_remap || sv->chunk_fd < 0)
+		return 0;
+	index = hybd_dev_add_backing(dev, dd_fd(sv->s), 0, NULL);
+	if (index != 0) {
+		fprintf(stderr, "dedup: no remapped reads: %s\n",
+			index < 0 ? hybd_errmsg() : "target 0 is taken");
+		if (index > 0)
+			hybd_dev_del_backing(dev, index);
+		return 0;
+	}
+	atomic_store(&sv->chunk_entries, map_entries(sv->chunk_fd));
+	if (n > sv->chunk_entries)
+		n = sv->chunk_entries;
+	for (blk = 0; blk < n; blk++) {
+		off = dd_block_offset(sv->s, blk);
+		key = blk;
+		if (off && bpf_map_update_elem(sv->chunk_fd, &key, &off,
+					       BPF_ANY)) {
+			fprintf(stderr, "dedup: seeding %s: %s\n", CHUNK_MAP,
+				strerror(errno));
+			return -errno;
+		}
+	}
+	sv->dev = dev;
+	dd_set_reuse_cb(sv->s, chunks_reusable, sv);
+	printf("remapped reads on\n");
+	return 0;
 }
 
 /*
@@ -253,12 +331,17 @@ static int attach_fast_path(struct server *sv, struct hybd_dev *dev)
 			}
 		}
 	}
-	dd_set_zero_cb(sv->s, zero_changed, sv);
+	ret = setup_remap(sv, dev);
+	if (ret)
+		goto fail;
+	dd_set_map_cb(sv->s, map_changed, sv);
 	return 0;
 fail:
+	atomic_store(&sv->chunk_entries, 0);
 	hybd_bpf_detach(sv->bpf);
 	sv->bpf = NULL;
 	sv->zero_fd = -1;
+	sv->chunk_fd = -1;
 	return ret;
 }
 
@@ -416,6 +499,7 @@ static char *default_bpf(void)
 static const char serve_usage[] =
 	"usage: dedup serve [--queues N] [--depth N] [--threads N] [--id N]\n"
 	"                   [--io-timeout SECONDS] [--bpf PROG.bpf.o | --no-fast-path]\n"
+	"                   [--no-remap]\n"
 	"                   STORE\n";
 
 static int cmd_serve(int argc, char **argv)
@@ -428,10 +512,11 @@ static int cmd_serve(int argc, char **argv)
 		{ "io-timeout", required_argument, NULL, 't' },
 		{ "bpf", required_argument, NULL, 'b' },
 		{ "no-fast-path", no_argument, NULL, 'n' },
+		{ "no-remap", no_argument, NULL, 'R' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
-	struct server sv = { .zero_fd = -1,
+	struct server sv = { .zero_fd = -1, .chunk_fd = -1,
 			     .bpf_lock = PTHREAD_MUTEX_INITIALIZER };
 	struct hybd_config cfg;
 	bool fast = true;
@@ -452,6 +537,7 @@ static int cmd_serve(int argc, char **argv)
 		case 't': cfg.io_timeout = number("serve", name, optarg); break;
 		case 'b': sv.bpf_path = optarg; sv.bpf_required = true; break;
 		case 'n': fast = false; break;
+		case 'R': sv.no_remap = true; break;
 		case 'h': fputs(serve_usage, stdout); return 0;
 		default: fputs(serve_usage, stderr); return 2;
 		}
@@ -495,7 +581,8 @@ static int cmd_serve(int argc, char **argv)
 
 	ret = hybd_run(&cfg, &dedup_driver, &sv);
 	live_close(&sv);
-	dd_set_zero_cb(sv.s, NULL, NULL);
+	dd_set_map_cb(sv.s, NULL, NULL);
+	dd_set_reuse_cb(sv.s, NULL, NULL);
 	if (sv.bpf)
 		hybd_bpf_detach(sv.bpf);
 	if (ret)
@@ -575,6 +662,7 @@ struct status {
 	bool fast_path;
 	struct dd_stats st;
 	uint64_t reads, fast_reads;	/* the device's, since it started */
+	uint64_t remapped;		/* of fast_reads, remapped to the store */
 };
 
 static int live_read(uint32_t id, struct status *out)
@@ -661,13 +749,14 @@ static void print_status(const struct status *s, bool json)
 		       ", \"store_bytes\": %" PRIu64 ", \"commits\": %" PRIu64
 		       ", \"dedup_hits\": %" PRIu64 ", \"zero_writes\": %" PRIu64
 		       ", \"fast_path\": %s, \"reads\": %" PRIu64
-		       ", \"fast_reads\": %" PRIu64 ", \"hit_rate\": %.4f}\n",
+		       ", \"fast_reads\": %" PRIu64 ", \"remapped_reads\": %" PRIu64
+		       ", \"hit_rate\": %.4f}\n",
 		       st->nr_blocks, logical, unique, ratio,
 		       st->nr_blocks - st->mapped_blocks, st->chunks_free,
 		       st->chunks_pending, st->chunks_capacity, st->file_bytes,
 		       st->commits, st->dedup_hits, st->zero_writes,
 		       s->fast_path ? "true" : "false", s->reads, s->fast_reads,
-		       hit);
+		       s->remapped, hit);
 		return;
 	}
 	printf("store:          %s\n", s->store);
@@ -691,9 +780,10 @@ static void print_status(const struct status *s, bool json)
 	printf("store file:     %.1f MiB\n", st->file_bytes / 1048576.0);
 	if (s->dev_id >= 0)
 		printf("fast path:      %s, %" PRIu64 " of %" PRIu64
-		       " reads served in the kernel (%.1f%%)\n",
+		       " reads served in the kernel (%.1f%%), %" PRIu64
+		       " of them read from the store by a remap\n",
 		       s->fast_path ? "attached" : "off", s->fast_reads,
-		       s->reads, hit * 100);
+		       s->reads, hit * 100, s->remapped);
 }
 
 static int cmd_status(int argc, char **argv)
@@ -725,6 +815,7 @@ static int cmd_status(int argc, char **argv)
 		if (hybd_ctl_stats(id, &cs, NULL, 0) >= 0) {
 			s.reads = cs.total.c.reads;
 			s.fast_reads = cs.total.c.fast_done;
+			s.remapped = cs.total.c.remapped;
 		}
 	} else {
 		struct dd_store *st;

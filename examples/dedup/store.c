@@ -121,8 +121,10 @@ struct dd_store {
 	uint64_t next_new;		/* first id never used in the file */
 
 	EVP_MD *md;
-	dd_zero_cb zero_cb;
-	void *zero_arg;
+	dd_map_cb map_cb;
+	void *map_arg;
+	dd_reuse_cb reuse_cb;		/* under commit_mutex */
+	void *reuse_arg;
 
 	_Atomic uint64_t mapped_blocks, chunks_used, commits, dedup_hits,
 			 zero_writes;
@@ -541,6 +543,11 @@ static pthread_rwlock_t *stripe_of(struct dd_store *s, uint64_t blk)
 	return &s->stripe[blk % NR_STRIPES];
 }
 
+static uint64_t chunk_off(const struct dd_store *s, uint32_t c)
+{
+	return c ? s->data_off + (uint64_t)(c - 1) * DD_BLOCK_SIZE : 0;
+}
+
 /* Point @blk at chunk @c (0: a hole), whose reference the caller holds. */
 static void map_set(struct dd_store *s, uint64_t blk, uint32_t c)
 {
@@ -559,19 +566,14 @@ static void map_set(struct dd_store *s, uint64_t blk, uint32_t c)
 			atomic_fetch_add(&s->mapped_blocks, 1);
 		else
 			atomic_fetch_sub(&s->mapped_blocks, 1);
-		if (s->zero_cb)
-			s->zero_cb(s->zero_arg, blk, !c);
 	}
+	if (old != c && s->map_cb)
+		s->map_cb(s->map_arg, blk, chunk_off(s, old), chunk_off(s, c));
 	pthread_rwlock_unlock(stripe);
 	/* no reader holds the old chunk now: readers hold the stripe */
 	if (old)
 		chunk_put(s, old);
 	pthread_rwlock_unlock(&s->commit_lock);
-}
-
-static uint64_t chunk_off(const struct dd_store *s, uint32_t c)
-{
-	return s->data_off + (uint64_t)(c - 1) * DD_BLOCK_SIZE;
 }
 
 int dd_read(struct dd_store *s, uint64_t blk, void *buf)
@@ -674,12 +676,36 @@ bool dd_is_hole(struct dd_store *s, uint64_t blk)
 	return hole;
 }
 
-void dd_set_zero_cb(struct dd_store *s, dd_zero_cb cb, void *arg)
+void dd_set_map_cb(struct dd_store *s, dd_map_cb cb, void *arg)
 {
 	pthread_rwlock_wrlock(&s->commit_lock);
-	s->zero_cb = cb;
-	s->zero_arg = arg;
+	s->map_cb = cb;
+	s->map_arg = arg;
 	pthread_rwlock_unlock(&s->commit_lock);
+}
+
+void dd_set_reuse_cb(struct dd_store *s, dd_reuse_cb cb, void *arg)
+{
+	pthread_mutex_lock(&s->commit_mutex);
+	s->reuse_cb = cb;
+	s->reuse_arg = arg;
+	pthread_mutex_unlock(&s->commit_mutex);
+}
+
+uint64_t dd_block_offset(struct dd_store *s, uint64_t blk)
+{
+	pthread_rwlock_t *stripe = stripe_of(s, blk);
+	uint64_t off;
+
+	pthread_rwlock_rdlock(stripe);
+	off = chunk_off(s, s->map[blk]);
+	pthread_rwlock_unlock(stripe);
+	return off;
+}
+
+int dd_fd(const struct dd_store *s)
+{
+	return s->fd;
 }
 
 uint64_t dd_nr_blocks(const struct dd_store *s)
@@ -784,6 +810,16 @@ int dd_commit(struct dd_store *s)
 		atomic_store(&s->failed, ret);
 		goto undo;
 	}
+	/*
+	 * Nothing points at what this commit freed, in memory or on disk;
+	 * but a read the fast path remapped before the map changed may still
+	 * be reading it: wait for those.  If that fails, keep the chunks
+	 * waiting: the commit itself is done.
+	 */
+	if (s->nr_pending[old] && s->reuse_cb && s->reuse_cb(s->reuse_arg)) {
+		atomic_fetch_add(&s->commits, 1);
+		goto keep_pending;
+	}
 	/* rule 3: what this commit freed may be reused from now on */
 	pthread_mutex_lock(&s->alloc_lock);
 	memcpy(s->free_stack + s->nr_free, s->pending[old],
@@ -798,6 +834,7 @@ undo:
 	/* the next commit writes it all again; nothing freed is reused */
 	for (i = 0; i < n; i++)
 		atomic_fetch_or(&s->dirty[pages[i] / 64], 1ULL << (pages[i] % 64));
+keep_pending:
 	pthread_mutex_lock(&s->alloc_lock);
 	memcpy(s->pending[s->cur] + s->nr_pending[s->cur], s->pending[old],
 	       s->nr_pending[old] * sizeof(uint32_t));

@@ -28,11 +28,22 @@
 struct dd_store;
 
 /*
- * Called with the block's lock held whenever a block starts or stops
- * reading as zeros (a hole), in the order the map changes: the server
- * mirrors it into the fast path's dedup_zero map.
+ * Called with the block's lock held whenever a block's map entry changes,
+ * in the order the map changes, with the byte offsets in the store of the
+ * chunk it pointed to and points to now (0: a hole): the server mirrors
+ * it into the fast path's maps (dedup_zero, dedup_chunk).
  */
-typedef void (*dd_zero_cb)(void *arg, uint64_t blk, bool zero);
+typedef void (*dd_map_cb)(void *arg, uint64_t blk, uint64_t old_off,
+			  uint64_t new_off);
+
+/*
+ * Called by a commit, without any lock of the store's held, right before
+ * the chunks freed before it become reusable: the server waits there
+ * until no remap the fast path made to them can still be reading them
+ * (hybd_dev_remap_barrier()).  A nonzero return keeps them waiting for
+ * the next commit.
+ */
+typedef int (*dd_reuse_cb)(void *arg);
 
 /* dd_open() flags */
 #define DD_O_RDONLY	(1U << 0)	/* check, status: change nothing */
@@ -63,11 +74,24 @@ void dd_close(struct dd_store *s);
 /* RETURN VALUE: the device's size in blocks. */
 uint64_t dd_nr_blocks(const struct dd_store *s);
 
-/* Report hole changes to @cb (NULL: stop); see dd_zero_cb. */
-void dd_set_zero_cb(struct dd_store *s, dd_zero_cb cb, void *arg);
+/* Report map changes to @cb (NULL: stop); see dd_map_cb. */
+void dd_set_map_cb(struct dd_store *s, dd_map_cb cb, void *arg);
+
+/* Ask @cb before freed chunks are reused (NULL: stop); see dd_reuse_cb. */
+void dd_set_reuse_cb(struct dd_store *s, dd_reuse_cb cb, void *arg);
 
 /* RETURN VALUE: true if block @blk reads as zeros (a hole) now. */
 bool dd_is_hole(struct dd_store *s, uint64_t blk);
+
+/*
+ * RETURN VALUE: the byte offset in the store of block @blk's chunk, 0 for
+ * a hole.  The chunk may move once the block's lock is dropped: the
+ * answer is for seeding the fast path's map before any I/O runs.
+ */
+uint64_t dd_block_offset(struct dd_store *s, uint64_t blk);
+
+/* RETURN VALUE: the store's open file descriptor (owned by the store). */
+int dd_fd(const struct dd_store *s);
 
 /*
  * Block I/O, one block at a time, from any thread.  A write of zeros
