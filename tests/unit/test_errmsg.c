@@ -168,7 +168,8 @@ static void test_config_to_params(void)
 	CHECK(p.basic.nr_hw_queues == 3 && p.basic.queue_depth == 128);
 	CHECK(p.basic.ops == (HYBD_OPF_READ | HYBD_OPF_WRITE));
 	CHECK(p.basic.flags == 0 && p.basic.poll_ns == 5000);
-	CHECK(p.basic.io_timeout == 12 && p.basic.reserved[3] == 0);
+	CHECK(p.basic.io_timeout == 12 && p.basic.reserved0 == 0);
+	CHECK(!p.basic.reserved[0] && !p.basic.reserved[1] && !p.basic.reserved[2]);
 	CHECK(p.discard.max_discard_bytes == 0);
 
 	/* the discard block goes along only when something is set in it */
