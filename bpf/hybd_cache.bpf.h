@@ -26,9 +26,9 @@
  * Reads of several blocks take one stamp for all of them
  * (hybd_ver_stamp_blocks()) and fill with hybd_cache_fill_blocks().
  *
- * bpf/cache.bpf.c serves single blocks from it, examples/dedup's and
- * examples/encrypt's programs reads of up to 32 blocks (encrypt's with
- * these two).
+ * bpf/cache.bpf.c and examples/encrypt's program serve reads of up to 32
+ * blocks from it with these two; examples/dedup's program stamps and
+ * fills block by block.
  */
 #ifndef __HYBD_CACHE_BPF_H
 #define __HYBD_CACHE_BPF_H

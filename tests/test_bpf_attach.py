@@ -20,7 +20,7 @@ from hybdbpf import (BLOCK, attached, delta, detach, detach_ok, dev_info,
                      disk_completed_ios, fastpath, need_bpf, pin_dir, prog,
                      read_blocks, read_errno, settle, stats, suite_prog,
                      write_errno)
-from hybdlib import (T_IO, direct_write, hybdctl, hybdctl_json,
+from hybdlib import (T_IO, direct_read, direct_write, hybdctl, hybdctl_json,
                      io_uring_usable, need_tool, pattern, reap, sysfs_queue,
                      wait_for)
 
@@ -287,6 +287,32 @@ def test_cache_serves_hits_with_the_written_data(ramdisk, fastpath):
     d = delta(stats(srv.dev), before)
     # the old neighbours stayed cached, the new blocks were cached again
     assert d["fast_done"] >= 12, d
+
+
+def test_cache_serves_multi_block_reads_it_fully_covers(ramdisk, fastpath):
+    """A 64 KiB read is served in the kernel once all of its 16 blocks
+    are cached (a first 64 KiB read fills them); a read with one block
+    overwritten since goes to the server, and gets the new data."""
+    srv = small_ramdisk(ramdisk, size="16M")
+    fastpath.attach(prog("cache"), srv.dev)
+    data = pattern("cache-multi", 16 * BLOCK)
+    direct_write(srv.dev, 0, data)
+    settle()
+    got = []
+    for _ in range(3):
+        before = stats(srv.dev)
+        assert direct_read(srv.dev, 0, 16 * BLOCK) == data
+        d = delta(stats(srv.dev), before)
+        got.append((d["fast_done"], d["slow_done"]))
+    assert got == [(0, 1), (1, 0), (1, 0)], got
+    new = pattern("cache-multi-new", BLOCK)
+    direct_write(srv.dev, 5 * BLOCK, new)
+    want = data[:5 * BLOCK] + new + data[6 * BLOCK:]
+    before = stats(srv.dev)
+    assert direct_read(srv.dev, 0, 16 * BLOCK) == want
+    assert direct_read(srv.dev, 0, 16 * BLOCK) == want
+    d = delta(stats(srv.dev), before)
+    assert (d["fast_done"], d["slow_done"], d["fast_errors"]) == (1, 1, 0), d
 
 
 def test_zero_serves_never_written_blocks_and_forgets_written_ones(
