@@ -159,12 +159,15 @@ def test_attach_replace_detach_under_fio_verify(dio_fs, servers, fastpath):
                 fastpath.attach(prog("loop"), srv.dev, replace=True)
             else:
                 detach_ok(srv.dev)
-                # nothing is remapped while no program is attached
+                # Nothing is remapped while no program is attached.  A
+                # remap submitted before the detach may still be ending,
+                # so the window starts once the server has served more;
+                # fio may be between runs, so wait for progress rather
+                # than sleep.
+                served_more(srv.dev, stats(srv.dev))
                 before = stats(srv.dev)
-                let_run(fio, rng, 1.0)
-                after = stats(srv.dev)
+                after = served_more(srv.dev, before)
                 assert after["remapped"] == before["remapped"], after
-                assert after["slow_done"] > before["slow_done"], after
             let_run(fio, rng, 1.0)
     finally:
         fio.stop()
@@ -182,6 +185,18 @@ def test_attach_replace_detach_under_fio_verify(dio_fs, servers, fastpath):
            f"remapped={s['remapped']} slow_done={s['slow_done']} "
            f"fio_runs={fio.runs}")
     srv.stop()
+
+
+def served_more(dev, since, n=32):
+    """Wait until the server has completed n more requests than in the
+    stats since; return the stats then."""
+    now = {}
+
+    def more():
+        now.update(stats(dev))
+        return now["slow_done"] >= since["slow_done"] + n
+    wait_for(more, T_IO, f"{dev}: the server serving {n} more requests")
+    return now
 
 
 def free_bytes(mnt):
