@@ -17,11 +17,18 @@ ratios:
   kloop        the kernel loop device over a file (direct I/O)
   hloop        examples/loop (hybd-loop) over the same kind of file: one
                io_uring per queue, O_DIRECT
+  bloop        the BPF loop device: hybd-loop --remap + bpf/loop.bpf.o
+               over kloop's file: every request remapped to it in the
+               kernel (direct I/O on the request's pages)
   ddslow       examples/dedup over a store file, --no-fast-path, over a
                disk-image-like mix: a third never written (zeros), a third
                duplicates of 16 blocks, a third unique
   ddfast       the same with its fast path (dedup.bpf.o), warm: holes
                from its exact map, the rest from its cache
+  ddmslow      examples/dedup, --no-fast-path, over mapped blocks only
+               (every block written, all different)
+  ddremap      the same with dedup-nocache.bpf.o: every read remapped to
+               its chunk in the store, in the kernel (no cache to answer)
   encslow      examples/encrypt (AES-256-XTS, 512-byte sectors) over a
                sparse file, --no-fast-path, over the same mix (the
                never-written third are holes of the file)
@@ -32,8 +39,9 @@ ratios:
                device over the encslow line's backing file (or a file of
                its own, written the same way, without that line)
 
-The encrypt lines and dmcrypt are also measured reading 128 KiB
-sequentially (io_uring, QD8: MiB/s).
+The encrypt lines, dmcrypt, kloop and bloop are also measured reading 128
+KiB sequentially (io_uring, QD8: MiB/s); kloop and bloop writing 4 KiB at
+random at QD1 too (psync).
 
 Each line is measured at QD1 (psync: mean, p50, p99, p99.9 completion
 latency) and QD32 (io_uring: IOPS), --samples times, the lines interleaved
@@ -114,6 +122,15 @@ LINES = {
     "ddfast": ("dedup + fast path",
                dict(prog=None, data="mix", poll_ns=0, fast=True,
                     server="dedup")),
+    "bloop": ("BPF loop (remap)",
+              dict(prog="loop", data=True, poll_ns=0, fast=True,
+                   server="bloop")),
+    "ddmslow": ("dedup mapped, slow",
+                dict(prog=None, data=True, poll_ns=0, fast=False,
+                     server="dedup")),
+    "ddremap": ("dedup mapped, remap",
+                dict(prog=None, data=True, poll_ns=0, fast=True,
+                     server="dedup", bpf="dedup-nocache.bpf.o")),
     "encslow": ("encrypt, no fast path",
                 dict(prog=None, data="mix", poll_ns=0, fast=False,
                      server="encrypt", flags=["--no-fast-path"])),
@@ -125,9 +142,11 @@ LINES = {
                       server="encrypt", flags=["--cache"])),
     "dmcrypt": ("dm-crypt (plain, loop)", None),
 }
-MODES = ("qd1", "qd32", "seq")
+MODES = ("qd1", "qd32", "seq", "qd1w")
 # the lines measured in "seq" (128 KiB sequential reads) too
-SEQ_LINES = ("encslow", "encfast", "enccache", "dmcrypt")
+SEQ_LINES = ("encslow", "encfast", "enccache", "dmcrypt", "kloop", "bloop")
+# the lines measured in "qd1w" (4 KiB random writes, QD1) too
+WRITE_LINES = ("kloop", "bloop")
 
 # (what, line, reference, metric, limit): line/reference of the metric's
 # median must be <= limit (metric qd1_iops: >= limit)
@@ -142,7 +161,23 @@ TARGETS = (
      "passthrough", "noprog", "mean_us", 1.05),
     ("slow path QD1 mean <= half of nbd + nbdkit",
      "noprog", "nbd", "mean_us", 0.5),
+    ("BPF loop QD1 read mean within 1.15x of kernel loop",
+     "bloop", "kloop", "mean_us", 1.15),
+    ("BPF loop QD1 write mean within 1.15x of kernel loop",
+     "bloop", "kloop", "w_mean_us", 1.15),
+    ("BPF loop QD32 IOPS >= 0.9x kernel loop",
+     "bloop", "kloop", "qd32_iops", 0.9),
+    ("BPF loop 128K sequential >= 0.9x kernel loop",
+     "bloop", "kloop", "seq_mib_s", 0.9),
+    ("dedup remapped reads >= 3x slow path QD1 IOPS",
+     "ddremap", "ddmslow", "qd1_iops", 3.0),
 )
+# metric -> (mode, fio key, higher is better)
+METRICS = {"mean_us": ("qd1", "mean_us", False),
+           "qd1_iops": ("qd1", "mean_us", True),
+           "w_mean_us": ("qd1w", "mean_us", False),
+           "qd32_iops": ("qd32", "iops", True),
+           "seq_mib_s": ("seq", "mib_s", True)}
 
 
 class BenchError(Exception):
@@ -407,7 +442,10 @@ class Line:
         self.label, self.hybd = LINES[key]
         self.dev = None
         self.info = {}          # how it was set up, for bench.json
-        self.modes = MODES if key in SEQ_LINES else MODES[:2]
+        self.modes = tuple(
+            m for m in MODES if m in ("qd1", "qd32") or
+            (m == "seq" and key in SEQ_LINES) or
+            (m == "qd1w" and key in WRITE_LINES))
         self.runs = {m: [] for m in self.modes}
         self.error = None       # why it could not be set up
         self.stats = None       # hybd counters after the last fio run
@@ -531,6 +569,7 @@ def ensure_loop(ctx):
 def setup_kloop(line, ctx):
     ensure_loop(ctx)
     path = backing_file(ctx, "kloop.img")
+    ctx.kloop_backing = path
     dev = run(["losetup", "--find", "--show", "--direct-io=on",
                path]).stdout.strip()
     ctx.cleanup.push(f"losetup -d {dev}", run, ["losetup", "-d", dev])
@@ -549,6 +588,12 @@ def setup_hybd(line, ctx):
         if not os.access(LOOP, os.X_OK):
             raise BenchError(f"{LOOP} is not built (make examples)")
         server = Ramdisk([*args, backing_file(ctx, "hloop.img")], exe=LOOP)
+    elif spec.get("server") == "bloop":
+        if not os.access(LOOP, os.X_OK):
+            raise BenchError(f"{LOOP} is not built (make examples)")
+        # the kernel loop's own file when that line runs: the same file
+        path = ctx.kloop_backing or backing_file(ctx, "bloop.img")
+        server = Ramdisk([*args, "--remap", path], exe=LOOP)
     elif spec.get("server") == "encrypt":
         if not os.access(ENCRYPT, os.X_OK):
             raise BenchError(f"{ENCRYPT} is not built (make examples)")
@@ -563,7 +608,8 @@ def setup_hybd(line, ctx):
         store = os.path.join(ctx.tmp, f"{line.key}.store")
         run([DEDUP, "format", "--force", "--size",
              str(ctx.args.ramdisk_size), store])
-        fast = (["--bpf", str(DEDUP.parent / "dedup.bpf.o")] if spec["fast"]
+        obj = spec.get("bpf", "dedup.bpf.o")
+        fast = (["--bpf", str(DEDUP.parent / obj)] if spec["fast"]
                 else ["--no-fast-path"])
         server = Ramdisk(["serve", *fast, store], exe=DEDUP)
     else:
@@ -655,8 +701,9 @@ def no_scheduler(dev):
 
 def fio_cmd(dev, mode, args, runtime=None):
     seq = mode == "seq"
+    rw = "read" if seq else "randwrite" if mode == "qd1w" else "randread"
     cmd = ["fio", "--output-format=json", "--name=" + mode,
-           "--filename=" + dev, "--rw=" + ("read" if seq else "randread"),
+           "--filename=" + dev, "--rw=" + rw,
            f"--bs={SEQ_BS if seq else BS}", "--direct=1",
            "--size=" + str(args.region), "--offset=0", "--time_based",
            f"--runtime={runtime or args.runtime}", "--norandommap",
@@ -665,7 +712,7 @@ def fio_cmd(dev, mode, args, runtime=None):
            # a thread, no disk stats: under TCG a forked job and the
            # disk_util thread cost seconds of start-up per run
            "--thread", "--disk_util=0"]
-    if mode == "qd1":
+    if mode in ("qd1", "qd1w"):
         cmd += ["--ioengine=psync", "--iodepth=1"]
     elif seq:
         cmd += ["--ioengine=" + args.qd32_engine, f"--iodepth={SEQ_QD}"]
@@ -674,8 +721,9 @@ def fio_cmd(dev, mode, args, runtime=None):
     return cmd
 
 
-def parse_fio(text):
-    """fio's JSON output -> the numbers we keep (latencies in us)."""
+def parse_fio(text, what="read"):
+    """fio's JSON output -> the numbers we keep (latencies in us) of its
+    reads, or of its writes."""
     start = text.find("{")          # fio may print warnings first
     try:
         job = json.loads(text[start:])["jobs"][0]
@@ -683,9 +731,9 @@ def parse_fio(text):
         raise BenchError(f"fio printed no JSON result: {text[:300]!r}") from None
     if job.get("error"):
         raise BenchError(f"fio job error {job['error']}")
-    rd = job["read"]
+    rd = job[what]
     if not rd.get("total_ios"):
-        raise BenchError("fio completed no reads")
+        raise BenchError(f"fio completed no {what}s")
     clat, pct = rd["clat_ns"], rd["clat_ns"].get("percentile", {})
 
     def p(q):
@@ -710,7 +758,7 @@ def fio_run(line, mode, args, runtime=None):
     wall = time.monotonic() - t0
     if res.returncode != 0:
         raise BenchError(f"fio exit {res.returncode}: {last_lines(res)}")
-    out = parse_fio(res.stdout)
+    out = parse_fio(res.stdout, "write" if mode == "qd1w" else "read")
     out["wall_s"] = round(wall, 2)
     if line.hybd:
         line.stats = hybd_stats(line.dev)
@@ -737,6 +785,7 @@ def summarize(line):
     s["qd1_iops"] = 1e6 / s["mean_us"] if s["mean_us"] else None
     s["qd32_iops"] = median_of(q32, "iops")
     s["seq_mib_s"] = median_of(line.runs.get("seq", []), "mib_s")
+    s["w_mean_us"] = median_of(line.runs.get("qd1w", []), "mean_us")
     s["samples"] = [sum("error" not in r for r in runs)
                     for runs in line.runs.values()]
     if line.hybd:
@@ -749,17 +798,18 @@ def ratio(a, b):
 
 
 def paired_range(lines, key, ref, metric):
-    """min, max of the per-round ratio line/ref of one metric (QD1)."""
-    ok = [r for r in lines[ref].runs["qd1"] if "error" not in r]
+    """min, max of the per-round ratio line/ref of one metric."""
+    mode, fkey, _ = METRICS[metric]
+    ok = [r for r in lines[ref].runs.get(mode, []) if "error" not in r]
     rounds = {r["round"]: r for r in ok}
     vals = []
-    for r in lines[key].runs["qd1"]:
+    for r in lines[key].runs.get(mode, []):
         other = rounds.get(r["round"])
         if other and "error" not in r:
             if metric == "qd1_iops":
-                vals.append(other["mean_us"] / r["mean_us"])
+                vals.append(other[fkey] / r[fkey])
             else:
-                vals.append(r[metric] / other[metric])
+                vals.append(r[fkey] / other[fkey])
     return (min(vals), max(vals)) if vals else None
 
 
@@ -776,7 +826,7 @@ def evaluate_targets(lines, summary):
             if r is None:
                 t["verdict"] = "not run"
             else:
-                met = r >= limit if metric == "qd1_iops" else r <= limit
+                met = r >= limit if METRICS[metric][2] else r <= limit
                 t["verdict"] = "met" if met else "not met"
                 t["round_range"] = paired_range(lines, key, ref, metric)
         out.append(t)
@@ -836,6 +886,25 @@ def print_table(lines, summary, targets, args):
             print(f"{name} / kernel loop: QD1 mean "
                   f"{rat(ratio(d['mean_us'], kl['mean_us'])).strip()}, "
                   f"QD32 IOPS {rat(ratio(d['qd32_iops'], kl['qd32_iops'])).strip()}")
+    bl = summary.get("bloop")
+    if kl and bl:
+        print(f"BPF loop (remap) / kernel loop (direct I/O), same file: QD1 "
+              f"read mean {rat(ratio(bl['mean_us'], kl['mean_us'])).strip()}"
+              f", QD1 write mean "
+              f"{rat(ratio(bl['w_mean_us'], kl['w_mean_us'])).strip()}"
+              f" ({num(bl['w_mean_us'], 0)} vs {num(kl['w_mean_us'], 0)} us)"
+              f", QD32 IOPS "
+              f"{rat(ratio(bl['qd32_iops'], kl['qd32_iops'])).strip()}"
+              f", 128K seq "
+              f"{rat(ratio(bl['seq_mib_s'], kl['seq_mib_s'])).strip()}"
+              f" ({num(bl['seq_mib_s'], 0)} vs {num(kl['seq_mib_s'], 0)}"
+              f" MiB/s)")
+    ms, mr = summary.get("ddmslow"), summary.get("ddremap")
+    if ms and mr:
+        print(f"dedup mapped reads, remapped / slow path: QD1 IOPS "
+              f"{rat(ratio(mr['qd1_iops'], ms['qd1_iops'])).strip()}, "
+              f"QD32 IOPS {rat(ratio(mr['qd32_iops'], ms['qd32_iops'])).strip()}"
+              f"; in the kernel {fmt_pct(mr['fast_share'])}")
     dm = summary.get("dmcrypt")
     enc = [(k, summary.get(k)) for k in ("encslow", "encfast", "enccache")]
     if dm and any(e for _, e in enc):
@@ -860,7 +929,7 @@ def print_table(lines, summary, targets, args):
         if t["verdict"] == "not run":
             print(f"  {t['target']:<52} not run")
             continue
-        cmp = ">=" if t["metric"] == "qd1_iops" else "<="
+        cmp = ">=" if METRICS[t["metric"]][2] else "<="
         rr = t.get("round_range")
         spread = f", rounds {rr[0]:.2f}-{rr[1]:.2f}x" if rr else ""
         print(f"  {t['target']:<52} {t['ratio']:.2f}x {cmp} {t['limit']}x"
@@ -1016,6 +1085,7 @@ class Context:
         self.tmp = tmp
         self.cleanup = Cleanup()
         self.enc_backing = None     # the encslow line's, for dmcrypt
+        self.kloop_backing = None   # the kloop line's, for bloop
 
 
 def measure(lines, args):
@@ -1052,7 +1122,7 @@ def measure(lines, args):
                 line.runs[mode].append(r)
                 fast = (f"  fast {fmt_pct(r['fast_share'])}"
                         if line.hybd else "")
-                if mode == "qd1":
+                if mode in ("qd1", "qd1w"):
                     what = (f"mean {r['mean_us']:8.1f} us  p99 "
                             f"{r['p99_us']:8.1f} us")
                 elif mode == "seq":
@@ -1137,7 +1207,8 @@ def main():
                       "ramdisk_size": args.ramdisk_size,
                       "fio_qd1": fio_cmd("DEV", "qd1", args),
                       "fio_qd32": fio_cmd("DEV", "qd32", args),
-                      "fio_seq": fio_cmd("DEV", "seq", args)},
+                      "fio_seq": fio_cmd("DEV", "seq", args),
+                      "fio_qd1w": fio_cmd("DEV", "qd1w", args)},
            "lines": {k: {"label": ln.label, "device": ln.dev,
                          "setup": ln.info, "error": ln.error,
                          "runs": ln.runs, "median": summary.get(k)}
