@@ -215,9 +215,10 @@ struct hybd_driver {
 	void (*queue_exit)(struct hybd_queue *q);
 	/*
 	 * queue_idle - called in the worker thread when it has handed every
-	 * visible request to a handler and is about to wait: the place to
-	 * submit a batch of backend I/O prepared by the handlers (one
-	 * io_uring_submit() for all of them).
+	 * visible request to a handler and is about to wait, and while it
+	 * hands the queue over to a new server: the place to submit a batch
+	 * of backend I/O prepared by the handlers (one io_uring_submit() for
+	 * all of them).  It may be called with nothing prepared.
 	 */
 	void (*queue_idle)(struct hybd_queue *q);
 	/*

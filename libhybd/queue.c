@@ -507,14 +507,23 @@ static bool holds_requests(struct hybd_queue *q)
  * HYBD_RING_DRAIN: take nothing more; finish what the handlers hold
  * (serving the watched fds meanwhile), hand every completion to the
  * kernel, and leave.  What we did not take goes to the new server.
+ *
+ * The handlers may have prepared backend I/O that only queue_idle
+ * submits (event mode drains again before it idles, and the drain flag
+ * can be seen in between): idle first, and after every round of
+ * callbacks, or those requests would never finish and the handover
+ * would wait for them forever.
  */
 static int worker_hand_over(struct hybd_queue *q)
 {
+	const struct hybd_driver *drv = &q->dev->drv;
 	struct pollfd pfd[HYBD_QUEUE_MAX_FDS];
 	unsigned int i;
 	int ret;
 
 	for (;;) {
+		if (drv->queue_idle)
+			drv->queue_idle(q);
 		ret = worker_io(q, 0);
 		if (ret)
 			return ret;

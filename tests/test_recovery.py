@@ -26,9 +26,10 @@ import pytest
 import hybd_uapi as uapi
 import klog
 from hybdbpf import fastpath, need_bpf, prog  # noqa: F401 (fixture)
-from hybdlib import (LONG, LOOP, RAMDISK, T_CMD, T_IO, direct_read,
-                     direct_write, fio_verify, free_id, hybdctl, info,
-                     need_built, need_tool, pattern, record, run, wait_for)
+from hybdlib import (LONG, LOOP, RAMDISK, REPO, T_CMD, T_IO, direct_read,
+                     direct_write, fio, fio_verify, free_id, hybdctl, info,
+                     io_uring_usable, need_built, need_tool, pattern, record,
+                     run, wait_for)
 
 MiB = 1 << 20
 KILLS = 20 if LONG else 5
@@ -373,6 +374,60 @@ def test_handover_under_fio_verify(ramdisk, fastpath, tmp_path, recovery):
     i = info(srv.dev)
     assert i["bpf_attaches"] == 1 + HANDOVERS // 2, i
     hybdctl("detach", srv.dev)
+    srv.stop()
+
+
+SLOWDRV = REPO / "tests" / "helpers" / "slowdrv"
+
+
+def fio_reads(dev, per_job="8M", jobs=2):
+    """Random 4 KiB reads at QD32 over jobs regions of dev: all of them
+    done, none failed."""
+    rc, data, res = fio([
+        "--name=reads", f"--filename={dev}", "--direct=1",
+        "--ioengine=" + ("io_uring" if io_uring_usable() else "libaio"),
+        "--iodepth=32", "--rw=randread", "--bs=4k", f"--size={per_job}",
+        f"--offset_increment={per_job}", f"--numjobs={jobs}"])
+    assert rc == 0, f"fio exit {rc}\n{res.stderr}"
+    want = int(per_job.removesuffix("M")) * MiB // 4096
+    for job in data["jobs"]:
+        assert job["error"] == 0, job
+        assert job["read"]["total_ios"] == want, job["read"]
+
+
+@pytest.mark.time_limit(1800)
+def test_handover_ends_requests_kept_for_queue_idle(servers):
+    """A driver that starts its backend I/O in queue_idle (as an io_uring
+    driver batches its submissions) in event mode, handed over under
+    QD32 reads: the requests its handlers kept when the handover came are
+    started and end, so the old server leaves and the new one takes over
+    at once.  (libhybd once saw the handover between a drain and the idle
+    that follows it, never idled again, and waited for them forever.)"""
+    need_built(SLOWDRV, "tests/helpers/slowdrv")
+    rng = seeded("idle-batch")
+    # each handler takes 2 ms: the worker spends its time draining, where
+    # the handover is most often seen
+    opts = ["--idle-batch", "--delay-ms", "2"]
+    srv = servers.start([SLOWDRV, *opts, "--queues", "2", "--recovery",
+                         "60"])
+    load = Background(lambda: fio_reads(srv.dev))
+    try:
+        for _ in range(HANDOVERS):
+            # fio takes a while to start under TCG: hand over while the
+            # reads flow
+            done = stats(srv.dev)["slow_done"]
+            wait_for(lambda: stats(srv.dev)["slow_done"] >= done + 64,
+                     T_IO, "reads being served")
+            let_run(load, rng, 0.5)
+            old = srv
+            srv = servers.start([SLOWDRV, *opts, "--attach", "--id",
+                                 old.id])
+            assert srv.dev == old.dev
+            assert old.wait() == 0, old.output()
+    finally:
+        load.stop()
+    assert load.runs > 0
+    assert_clean_counters(srv.dev, HANDOVERS)
     srv.stop()
 
 

@@ -5,6 +5,7 @@
  * handlers, the thread pool, worker placement and hybd_run()'s signals.
  *
  *   slowdrv [--size BYTES] [--queues N] [--threads N] [--delay-ms N]
+ *           [--idle-batch] [--recovery SECONDS] [--attach --id N]
  *   slowdrv --after-delete
  *
  * Prints "ready /dev/hybdN", then one line per queue
@@ -13,6 +14,15 @@
  * "slowdrv: requests=N max_concurrent=M exit=R": the most handlers that
  * ran at once, and hybd_run()'s result.
  *
+ * --idle-batch: the way an io_uring driver batches (examples/loop): each
+ * handler copies its data and keeps the request (HYBD_IO_ASYNC), and
+ * queue_idle completes what the handlers kept, as one io_uring_submit()
+ * would start it.  Each queue watches an eventfd that never fires, so the
+ * worker runs in event mode.  For the handover test: a request kept must
+ * end even when the handover is seen before the worker idles.
+ * --recovery and --attach --id N: as hybd-loop's (a new slowdrv starts
+ * with zeroed memory: for tests that read only).
+ *
  * --after-delete: create and start with the explicit calls, delete the
  * device from outside (hybd_ctl_del), wait for the workers, and only then
  * ask for queue 0's CPUs (the server's node outlives the device) and print
@@ -20,11 +30,14 @@
  */
 #include <errno.h>
 #include <getopt.h>
+#include <stdbool.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "hybd.h"
 
@@ -33,6 +46,15 @@ struct slow {
 	unsigned int delay_ms;
 	atomic_uint running, max_running;
 	atomic_ulong requests;
+	bool idle_batch;
+	unsigned int depth;
+};
+
+/* --idle-batch: a queue's requests kept until queue_idle */
+struct batch {
+	int efd;
+	unsigned int n;
+	struct hybd_io *io[];
 };
 
 static void enter(struct slow *s)
@@ -55,14 +77,28 @@ static void enter(struct slow *s)
 	}
 }
 
+/* Done now, or (--idle-batch) kept for queue_idle. */
+static int slow_done(struct slow *s, struct hybd_io *io)
+{
+	struct batch *b;
+
+	atomic_fetch_sub(&s->running, 1);
+	if (!s->idle_batch)
+		return 0;
+	b = hybd_queue_priv(hybd_io_hwq(io));
+	if (b->n == s->depth)	/* one per tag: cannot happen */
+		return 0;
+	b->io[b->n++] = io;
+	return HYBD_IO_ASYNC;
+}
+
 static int slow_read(struct hybd_io *io, void *buf, uint64_t off, uint32_t len)
 {
 	struct slow *s = hybd_io_priv(io);
 
 	enter(s);
 	memcpy(buf, s->mem + off, len);
-	atomic_fetch_sub(&s->running, 1);
-	return 0;
+	return slow_done(s, io);
 }
 
 static int slow_write(struct hybd_io *io, const void *buf, uint64_t off,
@@ -72,8 +108,52 @@ static int slow_write(struct hybd_io *io, const void *buf, uint64_t off,
 
 	enter(s);
 	memcpy(s->mem + off, buf, len);
-	atomic_fetch_sub(&s->running, 1);
-	return 0;
+	return slow_done(s, io);
+}
+
+static void never(struct hybd_queue *q, int fd, void *arg)
+{
+	(void)q, (void)fd, (void)arg;
+}
+
+static int batch_init(struct hybd_queue *q)
+{
+	struct slow *s = hybd_dev_priv(hybd_queue_dev(q));
+	struct batch *b = calloc(1, sizeof(*b) + s->depth * sizeof(b->io[0]));
+	int ret;
+
+	if (!b)
+		return -ENOMEM;
+	b->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (b->efd < 0) {
+		free(b);
+		return -errno;
+	}
+	hybd_queue_set_priv(q, b);
+	ret = hybd_queue_watch_fd(q, b->efd, never, NULL);
+	if (ret) {
+		close(b->efd);
+		free(b);
+	}
+	return ret;
+}
+
+static void batch_idle(struct hybd_queue *q)
+{
+	struct batch *b = hybd_queue_priv(q);
+	unsigned int i;
+
+	for (i = 0; i < b->n; i++)
+		hybd_io_complete(b->io[i], 0);
+	b->n = 0;
+}
+
+static void batch_exit(struct hybd_queue *q)
+{
+	struct batch *b = hybd_queue_priv(q);
+
+	close(b->efd);
+	free(b);
 }
 
 static void slow_ready(struct hybd_dev *dev)
@@ -96,6 +176,15 @@ static const struct hybd_driver slow_driver = {
 	.read = slow_read,
 	.write = slow_write,
 	.ready = slow_ready,
+};
+
+static const struct hybd_driver batch_driver = {
+	.read = slow_read,
+	.write = slow_write,
+	.ready = slow_ready,
+	.queue_init = batch_init,
+	.queue_idle = batch_idle,
+	.queue_exit = batch_exit,
 };
 
 static int after_delete(struct hybd_config *cfg, struct slow *s)
@@ -129,6 +218,10 @@ int main(int argc, char **argv)
 		{ "threads", required_argument, NULL, 't' },
 		{ "delay-ms", required_argument, NULL, 'd' },
 		{ "after-delete", no_argument, NULL, 'A' },
+		{ "idle-batch", no_argument, NULL, 'b' },
+		{ "recovery", required_argument, NULL, 'R' },
+		{ "attach", no_argument, NULL, 'a' },
+		{ "id", required_argument, NULL, 'i' },
 		{ NULL, 0, NULL, 0 },
 	};
 	struct slow s = { 0 };
@@ -144,15 +237,30 @@ int main(int argc, char **argv)
 		case 't': cfg.queue_threads = atoi(optarg); break;
 		case 'd': s.delay_ms = atoi(optarg); break;
 		case 'A': after = 1; break;
+		case 'b': s.idle_batch = true; break;
+		case 'R': cfg.recovery_timeout = atoi(optarg); break;
+		case 'a': cfg.lib_flags |= HYBD_CFG_ATTACH; break;
+		case 'i': cfg.dev_id = atoi(optarg); break;
 		default: return 2;
 		}
 	}
+	if (cfg.lib_flags & HYBD_CFG_ATTACH) {
+		struct hybd_dev_info di;
+
+		/* the device's depth, not ours */
+		if (hybd_ctl_info(cfg.dev_id, &di)) {
+			fprintf(stderr, "slowdrv: %s\n", hybd_errmsg());
+			return 1;
+		}
+		cfg.queue_depth = di.params.basic.queue_depth;
+	}
+	s.depth = cfg.queue_depth;
 	s.mem = calloc(1, cfg.size);
 	if (!s.mem)
 		return 1;
 	if (after)
 		return after_delete(&cfg, &s);
-	ret = hybd_run(&cfg, &slow_driver, &s);
+	ret = hybd_run(&cfg, s.idle_batch ? &batch_driver : &slow_driver, &s);
 	if (ret)
 		fprintf(stderr, "slowdrv: %s\n", hybd_errmsg());
 	printf("slowdrv: requests=%lu max_concurrent=%u exit=%d\n",
