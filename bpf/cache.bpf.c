@@ -50,17 +50,6 @@ __u64 races;	/* hits given up because a fill overwrote the slot */
 /* a fetching add, as every atomic here (see hybd_atomic_fetch_add()) */
 #define cache_count(counter)	hybd_atomic_fetch_add(&(counter), 1)
 
-/* An aligned read of 1..CACHE_MAX_BLOCKS whole blocks: what is cached. */
-static __always_inline bool cache_read_blocks(const struct hybd_bpf_io *io,
-					      __u64 *first, __u64 *count)
-{
-	if (io->op != HYBD_OP_READ || !io->bytes ||
-	    io->bytes % HYBD_BLOCK_SIZE || io->sector % HYBD_SECTORS_PER_BLOCK)
-		return false;
-	hybd_io_blocks(io, first, count);
-	return *count <= CACHE_MAX_BLOCKS;
-}
-
 int BPF_STRUCT_OPS(cache_submit, struct hybd_bpf_io *io)
 {
 	__u64 first, count, i;
@@ -71,7 +60,7 @@ int BPF_STRUCT_OPS(cache_submit, struct hybd_bpf_io *io)
 		hybd_cache_drop(&cache_slots, CACHE_SLOTS, io);
 		return HYBD_BPF_PASS;
 	}
-	if (!cache_read_blocks(io, &first, &count))
+	if (!hybd_io_read_blocks(io, CACHE_MAX_BLOCKS, &first, &count))
 		return HYBD_BPF_PASS;
 
 	/* before anything is read: complete() checks no version moved */
@@ -102,7 +91,7 @@ void BPF_STRUCT_OPS(cache_complete, struct hybd_bpf_io *io)
 		return;
 	}
 	if (!io->own || io->result || !io->scratch ||
-	    !cache_read_blocks(io, &first, &count))
+	    !hybd_io_read_blocks(io, CACHE_MAX_BLOCKS, &first, &count))
 		return;
 	hybd_cache_fill_blocks(&cache_slots, CACHE_SLOTS, io, first, count,
 			       NULL, &fills);

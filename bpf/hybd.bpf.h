@@ -178,6 +178,21 @@ static __always_inline bool hybd_io_one_block(const struct hybd_bpf_io *io,
 	return true;
 }
 
+/*
+ * A read of 1..@max whole aligned blocks: the unit a block cache or a
+ * block map serves.  Sets *@first and *@count.
+ */
+static __always_inline bool hybd_io_read_blocks(const struct hybd_bpf_io *io,
+						__u64 max, __u64 *first,
+						__u64 *count)
+{
+	if (io->op != HYBD_OP_READ || !io->bytes ||
+	    io->bytes % HYBD_BLOCK_SIZE || io->sector % HYBD_SECTORS_PER_BLOCK)
+		return false;
+	hybd_io_blocks(io, first, count);
+	return *count <= max;
+}
+
 /* ---- sized at load from the device ---- */
 
 /*

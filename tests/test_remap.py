@@ -268,10 +268,21 @@ def test_server_death_in_recovery_mode_holds_then_remaps_again(
     fio = Background(lambda: fio_verify(srv.dev, "4k", "16M", 2))
     try:
         for _ in range(3):
+            # Kill while remaps flow, not while fio waits only on requests
+            # the last server still holds (then it would send nothing
+            # while no server is attached).
+            done = stats(srv.dev)["remapped"]
+            wait_for(lambda: stats(srv.dev)["remapped"] >= done + 64, T_IO,
+                     "remaps flowing")
             let_run(fio, rng, 1.0)
             old = srv
             old.kill()
             wait_waiting(old)
+            # the targets went with the server: what fio sends now is
+            # refused and held (fio may be between runs: wait for it)
+            refused = stats(old.dev)["remap_refused"]
+            wait_for(lambda: stats(old.dev)["remap_refused"] > refused,
+                     T_IO, "remaps refused while no server is attached")
             srv = servers.start([LOOP, "--attach", "--id", old.id, "--remap",
                                  target])
             assert srv.dev == old.dev

@@ -110,17 +110,6 @@ static __always_inline bool dedup_known_zero(__u64 blk)
 	return z && *z == 1;
 }
 
-/* An aligned read of 1..DEDUP_MAX_BLOCKS whole blocks: what is served. */
-static __always_inline bool dedup_read_blocks(const struct hybd_bpf_io *io,
-					      __u64 *first, __u64 *count)
-{
-	if (io->op != HYBD_OP_READ || !io->bytes ||
-	    io->bytes % HYBD_BLOCK_SIZE || io->sector % HYBD_SECTORS_PER_BLOCK)
-		return false;
-	hybd_io_blocks(io, first, count);
-	return *count <= DEDUP_MAX_BLOCKS;
-}
-
 /*
  * A multi-block read has one io->scratch, so its stamp is
  *
@@ -180,7 +169,7 @@ static __always_inline int dedup_read(struct hybd_bpf_io *io)
 	int ret;
 
 	dedup_count(reads);
-	if (!dedup_read_blocks(io, &first, &count)) {
+	if (!hybd_io_read_blocks(io, DEDUP_MAX_BLOCKS, &first, &count)) {
 		io->scratch = 0;	/* never filled */
 		goto miss;
 	}
@@ -264,7 +253,7 @@ void BPF_STRUCT_OPS(dedup_complete, struct hybd_bpf_io *io)
 		return;
 	}
 	if (!io->own || io->result || !io->scratch ||
-	    !dedup_read_blocks(io, &first, &count))
+	    !hybd_io_read_blocks(io, DEDUP_MAX_BLOCKS, &first, &count))
 		return;
 
 	/*

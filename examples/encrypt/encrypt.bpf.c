@@ -86,17 +86,6 @@ struct {
 	__type(value, struct encrypt_zblock);
 } encrypt_zblock SEC(".maps");
 
-/* An aligned read of 1..ENCRYPT_MAX_BLOCKS whole blocks: what is cached. */
-static __always_inline bool encrypt_cacheable(const struct hybd_bpf_io *io,
-					      __u64 *first, __u64 *count)
-{
-	if (io->op != HYBD_OP_READ || !io->bytes ||
-	    io->bytes % HYBD_BLOCK_SIZE || io->sector % HYBD_SECTORS_PER_BLOCK)
-		return false;
-	hybd_io_blocks(io, first, count);
-	return *count <= ENCRYPT_MAX_BLOCKS;
-}
-
 /* Every block from the holes or the cache, in order, or none. */
 static __always_inline int encrypt_read_cached(struct hybd_bpf_io *io)
 {
@@ -105,7 +94,7 @@ static __always_inline int encrypt_read_cached(struct hybd_bpf_io *io)
 	__u32 key = 0;
 	int ret;
 
-	if (!encrypt_cacheable(io, &first, &count)) {
+	if (!hybd_io_read_blocks(io, ENCRYPT_MAX_BLOCKS, &first, &count)) {
 		io->scratch = 0;	/* never filled */
 		return HYBD_BPF_PASS;
 	}
@@ -183,7 +172,7 @@ void BPF_STRUCT_OPS(encrypt_complete, struct hybd_bpf_io *io)
 		return;
 	}
 	if (!io->own || io->result || !io->scratch ||
-	    !encrypt_cacheable(io, &first, &count))
+	    !hybd_io_read_blocks(io, ENCRYPT_MAX_BLOCKS, &first, &count))
 		return;
 	/* holes are served from encrypt_holes: no slot for them */
 	hybd_cache_fill_blocks(&encrypt_cache, ENCRYPT_CACHE_SLOTS, io, first,
