@@ -22,6 +22,7 @@
 #include <linux/file.h>
 #include <linux/fs.h>
 #include <linux/rcupdate.h>
+#include <linux/sched/mm.h>
 #include <linux/slab.h>
 #include <linux/uaccess.h>
 #include <linux/uio.h>
@@ -476,20 +477,28 @@ static void hybd_remap_work(struct work_struct *work)
 	struct hybd_remap *r = container_of(work, struct hybd_remap, work);
 	struct hybd_tag *t = container_of(r, struct hybd_tag, remap);
 	struct hybd_queue *q = t->rq->mq_hctx->driver_data;
+	unsigned int noio;
 
+	/*
+	 * We may be the writeback that reclaim waits for: the target's file
+	 * system must not recurse into I/O for its allocations (as loop).
+	 */
+	noio = memalloc_noio_save();
 	switch (t->bio.op) {
 	case HYBD_OP_READ:
 	case HYBD_OP_WRITE:
 		hybd_remap_rw(t);
-		return;
+		break;
 	case HYBD_OP_FLUSH:
 		r->ret = hybd_remap_flush(q->dev, r->target);
+		blk_mq_complete_request(t->rq);
 		break;
 	default:
 		r->ret = hybd_remap_fallocate(t);
+		blk_mq_complete_request(t->rq);
 		break;
 	}
-	blk_mq_complete_request(t->rq);
+	memalloc_noio_restore(noio);
 }
 
 void hybd_remap_init_tag(struct hybd_tag *t)
