@@ -56,11 +56,12 @@ def state(dev_id):
 
 
 class Background:
-    """Run fn() again and again in a thread until stop(); the first
-    exception is re-raised by stop()."""
+    """Run fn() again and again (once if once) in a thread until stop();
+    the first exception is re-raised by stop()."""
 
-    def __init__(self, fn):
+    def __init__(self, fn, once=False):
         self.fn, self.error, self.runs = fn, None, 0
+        self.once = once
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True)
         self.thread.start()
@@ -70,6 +71,8 @@ class Background:
             while not self._stop.is_set():
                 self.fn()
                 self.runs += 1
+                if self.once:
+                    break
         except BaseException as e:     # pylint: disable=broad-except
             self.error = e
 

@@ -266,6 +266,7 @@ def test_server_death_in_recovery_mode_holds_then_remaps_again(
     srv = start_loop(servers, target, "--recovery", "60")
     fastpath.attach(prog("loop"), srv.dev)
     fio = Background(lambda: fio_verify(srv.dev, "4k", "16M", 2))
+    held = []
     try:
         for _ in range(3):
             # Kill while remaps flow, not while fio waits only on requests
@@ -278,14 +279,19 @@ def test_server_death_in_recovery_mode_holds_then_remaps_again(
             old = srv
             old.kill()
             wait_waiting(old)
-            # the targets went with the server: what fio sends now is
-            # refused and held (fio may be between runs: wait for it)
+            # The targets went with the server: a read now is refused and
+            # held.  (fio may send nothing meanwhile: it may be waiting
+            # for requests the server held, so read past its regions.)
             refused = stats(old.dev)["remap_refused"]
+            reader = Background(lambda: held.append(
+                direct_read(old.dev, 60 * MiB, 4096)), once=True)
             wait_for(lambda: stats(old.dev)["remap_refused"] > refused,
-                     T_IO, "remaps refused while no server is attached")
+                     T_IO, "a remap refused while no server is attached")
             srv = servers.start([LOOP, "--attach", "--id", old.id, "--remap",
                                  target])
             assert srv.dev == old.dev
+            reader.stop()
+            assert held.pop() == bytes(4096)
     finally:
         fio.stop()
     detach_ok(srv.dev)
