@@ -5,14 +5,21 @@
  * A server registers files and block devices with its device
  * (HYBD_SRV_ADD_BACKING); a fast path's submit() may then remap a request
  * to a byte offset on one of them (hybd_bpf_io_remap()), and the kernel
- * serves it there: direct I/O on the request's own pages, from a worker
- * (queue_rq must not sleep, the file system may), as the loop driver does.
+ * serves it there: direct I/O on the request's own pages, from the
+ * device's own worker (queue_rq must not sleep, the file system may), as
+ * the loop driver does.  A block device target goes the same way: its
+ * direct I/O builds bios on the request's pages, without a copy.
  *
  * A target is counted: the registration holds one reference, each remap
  * in flight another, and the last put lets the file go.  Remaps find a
  * target under RCU (queue_rq), so the memory goes after a grace period.
  * Every remap also holds dev->remap_srcu from its submit() to its end,
  * which is what HYBD_SRV_REMAP_BARRIER waits for.
+ *
+ * A target taken off while remapped writes to it may not be durable yet
+ * is retired, not dropped: it stays on dev->retired until a flush has
+ * synced it and no remap uses it, so that a flush still covers every
+ * write completed before it.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
@@ -24,12 +31,11 @@
 #include <linux/rcupdate.h>
 #include <linux/sched/mm.h>
 #include <linux/slab.h>
+#include <linux/stat.h>
 #include <linux/uaccess.h>
 #include <linux/uio.h>
 
 #include "hybd.h"
-
-struct workqueue_struct *hybd_remap_wq;
 
 /**
  * struct hybd_backing - a backing target
@@ -38,10 +44,14 @@ struct workqueue_struct *hybd_remap_wq;
  * @size: bytes, at registration; remaps stay inside (or inside a file's
  *	current size, if it grew)
  * @flags: HYBD_BACKING_F_*
- * @dio_align: what direct I/O on it needs, bytes
+ * @dio_align: what direct I/O on it needs of offsets and lengths, bytes
+ * @mem_align: what it needs of memory addresses, bytes
  * @bdev: whether it is a block device (else a regular file)
  * @written: remapped writes, discards and write-zeroes completed
  * @synced: @written as it was before the last fdatasync that succeeded
+ * @node: on dev->retired once taken off the device, while it may be dirty
+ *	or in use
+ * @settled: taken off for a grace period: no new remap can reach it
  * @rcu: freed after a grace period: queue_rq looks targets up under RCU
  */
 struct hybd_backing {
@@ -50,47 +60,101 @@ struct hybd_backing {
 	u64		size;
 	u32		flags;
 	u32		dio_align;
+	u32		mem_align;
 	bool		bdev;
 	atomic64_t	written;
 	atomic64_t	synced;
+	struct list_head node;
+	bool		settled;
 	struct rcu_head	rcu;
 };
 
 /*
- * Check @file as a target of @dev; its size and direct I/O alignment.
- * A block device's alignment is its logical block size; a regular file's
- * is its file system's device's (or 512 for one without a device).
+ * What direct I/O on @file needs: the file system says (STATX_DIOALIGN)
+ * where it knows; otherwise its device's limits, or a sector without one.
+ */
+static int hybd_backing_dio(struct file *file, struct block_device *bdev,
+			    u32 *align, u32 *mem_align)
+{
+	struct kstat st = {};
+	int ret;
+
+	ret = vfs_getattr(&file->f_path, &st, STATX_DIOALIGN,
+			  AT_STATX_SYNC_AS_STAT);
+	if (ret)
+		return ret;
+	if (st.result_mask & STATX_DIOALIGN) {
+		/* 0: no direct I/O on this file */
+		if (!st.dio_offset_align || !st.dio_mem_align)
+			return -EOPNOTSUPP;
+		*align = st.dio_offset_align;
+		*mem_align = st.dio_mem_align;
+	} else if (bdev) {
+		*align = bdev_logical_block_size(bdev);
+		*mem_align = bdev_dma_alignment(bdev) + 1;
+	} else {
+		*align = SECTOR_SIZE;
+		*mem_align = SECTOR_SIZE;
+	}
+	if (!is_power_of_2(*align) || !is_power_of_2(*mem_align))
+		return -EINVAL;
+	return 0;
+}
+
+/* Whether @bdev is @dev's own disk: its I/O would come back to it. */
+static bool hybd_backing_is_self(struct hybd_dev *dev,
+				 struct block_device *bdev)
+{
+	bool self;
+
+	if (!bdev)
+		return false;
+	spin_lock(&dev->state_lock);
+	self = dev->disk && bdev->bd_disk == dev->disk;
+	spin_unlock(&dev->state_lock);
+	return self;
+}
+
+/*
+ * Check @file as a target of @dev: its size and direct I/O alignment.  A
+ * regular file may be empty (a store that appends).
  */
 static int hybd_backing_check(struct hybd_dev *dev, struct file *file,
-			      u32 flags, u64 *size, u32 *align)
+			      struct hybd_backing *t)
 {
 	struct inode *inode = file_inode(file);
-	struct super_block *sb = inode->i_sb;
-	struct block_device *bdev = NULL;
+	struct block_device *bdev;
+	int ret;
 
 	if (!(file->f_mode & FMODE_READ))
 		return -EBADF;
-	if ((flags & HYBD_BACKING_F_WRITE) && !(file->f_mode & FMODE_WRITE))
+	if ((t->flags & HYBD_BACKING_F_WRITE) && !(file->f_mode & FMODE_WRITE))
 		return -EBADF;
 	if (S_ISBLK(inode->i_mode)) {
-		bdev = I_BDEV(file->f_mapping->host);
-		*size = bdev_nr_bytes(bdev);
+		bdev = file_bdev(file);
+		t->size = bdev_nr_bytes(bdev);
+		t->bdev = true;
+		if (!t->size)
+			return -EINVAL;
 	} else if (S_ISREG(inode->i_mode)) {
-		bdev = sb->s_bdev;
-		*size = i_size_read(inode);
+		bdev = inode->i_sb->s_bdev;
+		t->size = i_size_read(inode);
 	} else {
 		return -EINVAL;
 	}
-	*align = bdev ? bdev_logical_block_size(bdev) : SECTOR_SIZE;
 	if (!(file->f_mode & FMODE_CAN_ODIRECT))
 		return -EOPNOTSUPP;
-	if (!*size || dev->params.basic.logical_bs % *align)
-		return -EINVAL;
+	/* remaps to it would queue behind themselves: a deadlock */
+	if (hybd_backing_is_self(dev, bdev))
+		return -ELOOP;
+	ret = hybd_backing_dio(file, bdev, &t->dio_align, &t->mem_align);
+	if (ret)
+		return ret;
 	/*
-	 * The request's pages go to the target as they are: our queue's
-	 * memory alignment (the default, a sector) must do for it.
+	 * Offsets and lengths of whole device blocks must do.  The memory of
+	 * each request is checked when it is remapped.
 	 */
-	if (bdev && bdev_dma_alignment(bdev) > SECTOR_SIZE - 1)
+	if (dev->params.basic.logical_bs % t->dio_align)
 		return -EINVAL;
 	return 0;
 }
@@ -120,14 +184,20 @@ long hybd_backing_add(struct hybd_dev *dev, void __user *arg)
 	if (!file)
 		return -EBADF;
 	t = kzalloc(sizeof(*t), GFP_KERNEL);
-	ret = t ? hybd_backing_check(dev, file, b.flags, &t->size,
-				     &t->dio_align) : -ENOMEM;
+	if (!t) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	t->flags = b.flags;
+	ret = hybd_backing_check(dev, file, t);
 	if (ret)
 		goto out;
 	kref_init(&t->ref);
+	INIT_LIST_HEAD(&t->node);
 	t->file = file;
-	t->flags = b.flags;
-	t->bdev = S_ISBLK(file_inode(file)->i_mode);
+	/* once published, a delete may free it at any time */
+	b.size = t->size;
+	b.dio_align = t->dio_align;
 
 	ret = -ENOSPC;
 	mutex_lock(&dev->backing_lock);
@@ -143,8 +213,6 @@ long hybd_backing_add(struct hybd_dev *dev, void __user *arg)
 		goto out;
 
 	b.index = i;
-	b.size = t->size;
-	b.dio_align = t->dio_align;
 	/* registered: a caller that cannot read the answer can still DEL */
 	if (copy_to_user(arg, &b, sizeof(b)))
 		return -EFAULT;
@@ -155,7 +223,11 @@ out:
 	return ret;
 }
 
-/* Take target @i off @dev; the caller puts the registration's reference. */
+/*
+ * Take target @i off @dev, onto dev->retired (in the same critical
+ * section, so that a flush finds it in one place or the other); under
+ * @backing_lock.  hybd_backing_settle() decides what to keep.
+ */
 static struct hybd_backing *hybd_backing_take(struct hybd_dev *dev,
 					      unsigned int i)
 {
@@ -163,7 +235,10 @@ static struct hybd_backing *hybd_backing_take(struct hybd_dev *dev,
 
 	t = rcu_dereference_protected(dev->backing[i],
 				      lockdep_is_held(&dev->backing_lock));
-	RCU_INIT_POINTER(dev->backing[i], NULL);
+	if (t) {
+		list_add_tail(&t->node, &dev->retired);
+		RCU_INIT_POINTER(dev->backing[i], NULL);
+	}
 	return t;
 }
 
@@ -179,6 +254,40 @@ static void hybd_backing_release(struct kref *ref)
 static void hybd_backing_put(struct hybd_backing *t)
 {
 	kref_put(&t->ref, hybd_backing_release);
+}
+
+/* Whether remapped writes on @t completed since its last sync. */
+static bool hybd_backing_dirty(struct hybd_backing *t)
+{
+	return atomic64_read(&t->written) != atomic64_read(&t->synced);
+}
+
+/*
+ * Targets @old[0..@n-1] were taken off @dev: once no submit() can find
+ * them any more, let go of those that are clean and unused; a flush
+ * syncs and lets go of the others.
+ */
+static void hybd_backing_settle(struct hybd_dev *dev,
+				struct hybd_backing **old, unsigned int n)
+{
+	unsigned int i;
+
+	if (!n)
+		return;
+	synchronize_rcu();
+	mutex_lock(&dev->backing_lock);
+	for (i = 0; i < n; i++) {
+		old[i]->settled = true;
+		/* remaps in flight may still complete writes on it */
+		if (kref_read(&old[i]->ref) == 1 && !hybd_backing_dirty(old[i]))
+			list_del(&old[i]->node);
+		else
+			old[i] = NULL;
+	}
+	mutex_unlock(&dev->backing_lock);
+	for (i = 0; i < n; i++)
+		if (old[i])
+			hybd_backing_put(old[i]);
 }
 
 /**
@@ -202,7 +311,7 @@ long hybd_backing_del(struct hybd_dev *dev, unsigned long index)
 	mutex_unlock(&dev->backing_lock);
 	if (!t)
 		return -ENOENT;
-	hybd_backing_put(t);
+	hybd_backing_settle(dev, &t, 1);
 	return 0;
 }
 
@@ -222,8 +331,21 @@ void hybd_backing_drop_all(struct hybd_dev *dev)
 			n++;
 	}
 	mutex_unlock(&dev->backing_lock);
-	for (i = 0; i < n; i++)
-		hybd_backing_put(old[i]);
+	hybd_backing_settle(dev, old, n);
+}
+
+/**
+ * hybd_backing_free_retired() - the device goes: let go of what it kept
+ * @dev: the device; no request is left
+ */
+void hybd_backing_free_retired(struct hybd_dev *dev)
+{
+	struct hybd_backing *t, *next;
+
+	list_for_each_entry_safe(t, next, &dev->retired, node) {
+		list_del(&t->node);
+		hybd_backing_put(t);
+	}
 }
 
 /* ---- remaps ---- */
@@ -246,6 +368,25 @@ long hybd_remap_barrier(struct hybd_dev *dev)
 	return 0;
 }
 
+/*
+ * Whether direct I/O on @b can take @rq's pages as they are: every
+ * segment's address and length aligned as the target needs.  (The queue
+ * guarantees sectors; a target with 4 KiB blocks needs more.)
+ */
+static bool hybd_remap_mem_ok(struct request *rq, struct hybd_backing *b)
+{
+	u32 mem_mask = b->mem_align - 1, len_mask = b->dio_align - 1;
+	struct req_iterator it;
+	struct bio_vec bv;
+
+	if (mem_mask < SECTOR_SIZE && len_mask < SECTOR_SIZE)
+		return true;
+	rq_for_each_bvec(bv, rq, it)
+		if ((bv.bv_offset & mem_mask) || (bv.bv_len & len_mask))
+			return false;
+	return true;
+}
+
 /**
  * hybd_remap_prepare() - check a remap and take what it needs
  * @q: the request's queue
@@ -256,11 +397,11 @@ long hybd_remap_barrier(struct hybd_dev *dev)
  * Context: submit(), under RCU.
  * Return: 0 with the target referenced and remap_srcu held; -EPERM outside
  * submit(), -EALREADY if the request is remapped already, -EINVAL for an
- * index out of range or an offset the target's direct I/O cannot take,
- * -ENOENT if no target is there, -ERANGE if the range does not fit in the
- * target (its size at registration, or a file's current size if larger),
- * -EROFS for a write, discard or write-zeroes on a target
- * registered without HYBD_BACKING_F_WRITE.
+ * index out of range, or an offset or request memory the target's direct
+ * I/O cannot take, -ENOENT if no target is there, -ERANGE if the range
+ * does not fit in the target (its size at registration, or a file's
+ * current size if larger), -EROFS for a write, discard or write-zeroes on
+ * a target registered without HYBD_BACKING_F_WRITE.
  */
 int hybd_remap_prepare(struct hybd_queue *q, struct hybd_tag *t, u32 index,
 		       u64 offset)
@@ -268,6 +409,7 @@ int hybd_remap_prepare(struct hybd_queue *q, struct hybd_tag *t, u32 index,
 	const struct hybd_bpf_io *io = &t->bio;
 	struct hybd_backing *b;
 	u64 size;
+	int ret = -EINVAL;
 
 	if (!t->in_submit)
 		return -EPERM;
@@ -276,12 +418,16 @@ int hybd_remap_prepare(struct hybd_queue *q, struct hybd_tag *t, u32 index,
 	if (index >= HYBD_MAX_BACKINGS)
 		return -EINVAL;
 	b = rcu_dereference(q->dev->backing[index]);
-	if (!b)
+	/* a delete took it off meanwhile and let go of the last reference */
+	if (!b || !kref_get_unless_zero(&b->ref))
 		return -ENOENT;
 	if (io->op != HYBD_OP_FLUSH) {
 		/* io->bytes is whole device blocks, which @b can take */
-		if (offset % b->dio_align)
-			return -EINVAL;
+		if (!IS_ALIGNED(offset, b->dio_align))
+			goto out_put;
+		if ((io->op == HYBD_OP_READ || io->op == HYBD_OP_WRITE) &&
+		    !hybd_remap_mem_ok(t->rq, b))
+			goto out_put;
 		/*
 		 * A file may have grown since (a store appends); one that
 		 * shrank reads as zeros past its end, up to the size it had.
@@ -289,54 +435,66 @@ int hybd_remap_prepare(struct hybd_queue *q, struct hybd_tag *t, u32 index,
 		size = b->size;
 		if (!b->bdev)
 			size = max_t(u64, size, i_size_read(file_inode(b->file)));
+		ret = -ERANGE;
 		if (offset > size || io->bytes > size - offset)
-			return -ERANGE;
+			goto out_put;
+		ret = -EROFS;
 		if (io->op != HYBD_OP_READ &&
 		    !(b->flags & HYBD_BACKING_F_WRITE))
-			return -EROFS;
+			goto out_put;
 	}
-	/* a delete took it off meanwhile and let go of the last reference */
-	if (!kref_get_unless_zero(&b->ref))
-		return -ENOENT;
 	t->remap.target = b;
 	t->remap.pos = offset;
 	t->remap.srcu_idx = srcu_down_read(&q->dev->remap_srcu);
 	return 0;
+out_put:
+	hybd_backing_put(b);
+	return ret;
 }
 
-/* Let go of what hybd_remap_prepare() took. */
-static void hybd_remap_release(struct hybd_queue *q, struct hybd_tag *t)
+/**
+ * hybd_remap_drop() - let go of what hybd_remap_prepare() took
+ * @q: the request's queue
+ * @t: its tag
+ *
+ * For a remap that ended, or one submit() made and then did not return
+ * HYBD_BPF_REMAPPED for.
+ */
+void hybd_remap_drop(struct hybd_queue *q, struct hybd_tag *t)
 {
 	hybd_backing_put(t->remap.target);
 	t->remap.target = NULL;
 	srcu_up_read(&q->dev->remap_srcu, t->remap.srcu_idx);
 }
 
-/**
- * hybd_remap_drop() - submit() remapped, then returned something else
- * @q: the request's queue
- * @t: its tag
- */
-void hybd_remap_drop(struct hybd_queue *q, struct hybd_tag *t)
-{
-	hybd_remap_release(q, t);
-}
-
 /*
- * The I/O is over (r->ret is set): end the request in its completion
- * context, where blk-mq calls hybd_remap_end().
+ * One direct I/O call is over (r->ret is set): go on from where it
+ * stopped if it made progress short of the end (a file system may do
+ * less than asked), else end the request in its completion context, where
+ * blk-mq calls hybd_remap_end().  A read that gets nothing more has hit
+ * the file's end: the rest reads as zeros there, as with the loop driver.
  */
 static void hybd_remap_put(struct hybd_remap *r)
 {
 	struct hybd_tag *t = container_of(r, struct hybd_tag, remap);
+	struct hybd_queue *q = t->rq->mq_hctx->driver_data;
 
 	/* the submitter's, or the I/O's, whichever is last */
 	if (!atomic_dec_and_test(&r->ref))
 		return;
-	kfree(r->bvec);
-	r->bvec = NULL;
 	if (t->bio.op == HYBD_OP_WRITE)
 		kiocb_end_write(&r->iocb);
+	if (r->ret > 0) {
+		r->done += r->ret;
+		if (r->done < t->bio.bytes) {
+			queue_work(q->dev->remap_wq, &r->work);
+			return;
+		}
+	}
+	if (r->ret >= 0)
+		r->ret = r->done;
+	kfree(r->bvec);
+	r->bvec = NULL;
 	blk_mq_complete_request(t->rq);
 }
 
@@ -349,9 +507,9 @@ static void hybd_remap_rw_done(struct kiocb *iocb, long ret)
 }
 
 /*
- * A read or write: direct I/O on the request's bio_vecs, asynchronous
- * where the target can do it.  The bio_vecs of a request made of several
- * bios are gathered into one array first.
+ * A read or write: direct I/O on the request's bio_vecs, from byte
+ * r->done on, asynchronous where the target can do it.  The bio_vecs of a
+ * request made of several bios are gathered into one array first.
  */
 static void hybd_remap_rw(struct hybd_tag *t)
 {
@@ -369,15 +527,17 @@ static void hybd_remap_rw(struct hybd_tag *t)
 	rq_for_each_bvec(bv, rq, it)
 		nr++;
 	if (rq->bio != rq->biotail) {
-		bvec = kmalloc_array(nr, sizeof(*bvec), GFP_NOIO);
-		if (!bvec) {
-			r->ret = -ENOMEM;
-			blk_mq_complete_request(rq);
-			return;
+		if (!r->bvec) {
+			bvec = kmalloc_array(nr, sizeof(*bvec), GFP_NOIO);
+			if (!bvec) {
+				r->ret = -ENOMEM;
+				blk_mq_complete_request(rq);
+				return;
+			}
+			r->bvec = bvec;
+			rq_for_each_bvec(bv, rq, it)
+				*bvec++ = bv;
 		}
-		r->bvec = bvec;
-		rq_for_each_bvec(bv, rq, it)
-			*bvec++ = bv;
 		bvec = r->bvec;
 	} else {
 		/* a split bio may start inside its first bio_vec */
@@ -387,10 +547,11 @@ static void hybd_remap_rw(struct hybd_tag *t)
 	iov_iter_bvec(&iter, write ? ITER_SOURCE : ITER_DEST, bvec, nr,
 		      blk_rq_bytes(rq));
 	iter.iov_offset = skip;
+	iov_iter_advance(&iter, r->done);
 
 	memset(&r->iocb, 0, sizeof(r->iocb));
 	r->iocb.ki_filp = file;
-	r->iocb.ki_pos = r->pos;
+	r->iocb.ki_pos = r->pos + r->done;
 	r->iocb.ki_flags = IOCB_DIRECT;
 	if (write && (rq->cmd_flags & REQ_FUA))
 		r->iocb.ki_flags |= IOCB_DSYNC;
@@ -404,72 +565,113 @@ static void hybd_remap_rw(struct hybd_tag *t)
 	} else {
 		ret = file->f_op->read_iter(&r->iocb, &iter);
 	}
+	if (ret != -EIOCBQUEUED)
+		r->ret = ret;
 	hybd_remap_put(r);
 	if (ret != -EIOCBQUEUED)
-		hybd_remap_rw_done(&r->iocb, ret);
+		hybd_remap_put(r);
 }
 
 /*
- * A flush: fdatasync the named target, whatever wrote to it (the server
- * too), and every other target that remapped writes completed on since
- * it was last synced.  A remapped write counts once it has completed, so
- * a flush covers what completed before it and never claims what it did
- * not wait for.
+ * Sync @b if remapped writes completed on it since it was last synced
+ * (or always, @named: whatever wrote to it, the server too).  A remapped
+ * write counts once it has completed, so a flush covers what completed
+ * before it and never claims what it did not wait for.
+ */
+static int hybd_remap_sync(struct hybd_backing *b, bool named)
+{
+	s64 seen = atomic64_read(&b->written);
+	s64 old = atomic64_read(&b->synced);
+	int err;
+
+	if (!named && seen == old)
+		return 0;
+	err = vfs_fsync(b->file, 1);
+	if (err)
+		return err;
+	while (old < seen && !atomic64_try_cmpxchg(&b->synced, &old, seen))
+		;
+	return 0;
+}
+
+/*
+ * A flush: fdatasync the named target, every other target remapped
+ * writes completed on since it was last synced, and the retired ones
+ * that may still hold such writes (dropping those that are clean and
+ * unused once synced).
  */
 static int hybd_remap_flush(struct hybd_dev *dev, struct hybd_backing *named)
 {
-	struct hybd_backing *sync[HYBD_MAX_BACKINGS];
+	struct hybd_backing *sync[HYBD_MAX_BACKINGS], *b, *next;
+	LIST_HEAD(drop);
 	unsigned int i, n = 0;
-	int ret = 0;
+	int ret;
 
-	sync[n++] = named;
 	rcu_read_lock();
 	for (i = 0; i < HYBD_MAX_BACKINGS; i++) {
-		struct hybd_backing *b = rcu_dereference(dev->backing[i]);
-
-		if (b && b != named &&
-		    atomic64_read(&b->written) != atomic64_read(&b->synced) &&
+		b = rcu_dereference(dev->backing[i]);
+		if (b && b != named && hybd_backing_dirty(b) &&
 		    kref_get_unless_zero(&b->ref))
 			sync[n++] = b;
 	}
 	rcu_read_unlock();
 
+	ret = hybd_remap_sync(named, true);
 	for (i = 0; i < n; i++) {
-		s64 seen = atomic64_read(&sync[i]->written);
-		s64 old = atomic64_read(&sync[i]->synced);
-		int err = vfs_fsync(sync[i]->file, 1);
-
-		if (err)
-			ret = ret ?: err;
-		else
-			while (old < seen &&
-			       !atomic64_try_cmpxchg(&sync[i]->synced, &old,
-						     seen))
-				;
-		if (i)
-			hybd_backing_put(sync[i]);
+		ret = ret ?: hybd_remap_sync(sync[i], false);
+		hybd_backing_put(sync[i]);
 	}
+
+	/* the list is empty unless targets were taken off while in use */
+	mutex_lock(&dev->backing_lock);
+	list_for_each_entry_safe(b, next, &dev->retired, node) {
+		int err = hybd_remap_sync(b, false);
+
+		ret = ret ?: err;
+		if (!err && b->settled && !hybd_backing_dirty(b) &&
+		    kref_read(&b->ref) == 1)
+			list_move(&b->node, &drop);
+	}
+	mutex_unlock(&dev->backing_lock);
+	list_for_each_entry_safe(b, next, &drop, node)
+		hybd_backing_put(b);
 	return ret;
 }
 
 /*
- * A discard or write-zeroes, as the loop driver does them: a hole, or
- * zeroed blocks for a write-zeroes that must not unmap.  A discard is a
- * hint: a target that cannot drop blocks without writing them keeps them.
+ * A discard or write-zeroes, as the loop driver does them on a file: a
+ * hole, or zeroed blocks where a hole will not do (NOUNMAP, or a file
+ * system without holes).  A discard is a hint: on a block device it is a
+ * discard if the device takes them, else nothing; on a file that cannot
+ * punch holes, nothing.
  */
 static int hybd_remap_fallocate(struct hybd_tag *t)
 {
 	struct hybd_remap *r = &t->remap;
-	int mode = FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE;
+	struct hybd_backing *b = r->target;
+	bool zeroes = t->bio.op == HYBD_OP_WRITE_ZEROES;
 	int ret;
 
-	if (t->bio.op == HYBD_OP_WRITE_ZEROES &&
-	    ((t->bio.flags & HYBD_IO_F_NOUNMAP) || r->target->bdev))
-		mode = FALLOC_FL_KEEP_SIZE | FALLOC_FL_ZERO_RANGE;
-	ret = vfs_fallocate(r->target->file, mode, r->pos, t->bio.bytes);
-	if (ret == -EOPNOTSUPP && t->bio.op == HYBD_OP_DISCARD)
-		ret = 0;
-	return ret;
+	if (b->bdev && !zeroes) {
+		struct block_device *bdev = file_bdev(b->file);
+
+		if (!bdev_max_discard_sectors(bdev))
+			return 0;
+		return blkdev_issue_discard(bdev, r->pos >> SECTOR_SHIFT,
+					    t->bio.bytes >> SECTOR_SHIFT,
+					    GFP_NOIO);
+	}
+	if (!b->bdev && !(zeroes && (t->bio.flags & HYBD_IO_F_NOUNMAP))) {
+		ret = vfs_fallocate(b->file,
+				    FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE,
+				    r->pos, t->bio.bytes);
+		if (ret != -EOPNOTSUPP)
+			return ret;
+		if (!zeroes)
+			return 0;
+	}
+	return vfs_fallocate(b->file, FALLOC_FL_KEEP_SIZE | FALLOC_FL_ZERO_RANGE,
+			     r->pos, t->bio.bytes);
 }
 
 static void hybd_remap_work(struct work_struct *work)
@@ -516,8 +718,10 @@ void hybd_remap_init_tag(struct hybd_tag *t)
 void hybd_remap_start(struct hybd_queue *q, struct hybd_tag *t)
 {
 	t->remap.ret = 0;
+	t->remap.done = 0;
 	WRITE_ONCE(t->state, HYBD_TAG_REMAP);
-	queue_work(hybd_remap_wq, &t->remap.work);
+	/* the tag's last remap has ended: its work cannot be pending */
+	WARN_ON_ONCE(!queue_work(q->dev->remap_wq, &t->remap.work));
 }
 
 /* Zero a request's payload from byte @off to its end. */
@@ -543,8 +747,9 @@ static void hybd_rq_zero_from(struct request *rq, u32 off)
  * @q: its queue
  * @rq: the request
  *
- * Context: blk-mq's completion (softirq, or the caller of
- * blk_mq_complete_request()).
+ * Context: blk-mq's completion: the caller of blk_mq_complete_request()
+ * (the worker, or the target's completion, which may be a hard interrupt),
+ * or blk-mq's softirq.
  * Return: 0 or the -errno to end the request with; the caller ends it.
  */
 int hybd_remap_end(struct hybd_queue *q, struct request *rq)
@@ -560,18 +765,19 @@ int hybd_remap_end(struct hybd_queue *q, struct request *rq)
 		else if (ret < t->bio.bytes && t->bio.op == HYBD_OP_WRITE)
 			err = -EIO;
 		else if (ret < t->bio.bytes)
-			/* the file ends early (truncated): the rest reads 0 */
+			/* the file ended (truncated): the rest reads as 0 */
 			hybd_rq_zero_from(rq, ret);
 	} else {
 		err = ret;
 	}
-	if (!err && t->bio.op != HYBD_OP_READ && t->bio.op != HYBD_OP_FLUSH)
+	/* even a failed write may have changed some of the range */
+	if (t->bio.op != HYBD_OP_READ && t->bio.op != HYBD_OP_FLUSH)
 		atomic64_inc(&r->target->written);
 
 	t->bio.result = err;
 	t->bio.path = HYBD_BPF_PATH_REMAP;
 	hybd_bpf_complete(q, t);
-	hybd_remap_release(q, t);
+	hybd_remap_drop(q, t);
 	hybd_stat_inc(q, remapped);
 	WRITE_ONCE(t->state, HYBD_TAG_IDLE);
 	return err;

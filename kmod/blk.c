@@ -444,7 +444,7 @@ static enum blk_eh_timer_return hybd_timeout(struct request *rq)
 
 	now = ktime_get_ns();
 	spin_lock(&q->lock);
-	if (t->state == HYBD_TAG_INFLIGHT && t->rq == rq) {
+	if (READ_ONCE(t->state) == HYBD_TAG_INFLIGHT && t->rq == rq) {
 		was_overdue = t->overdue_ns;
 		if (!recovery) {
 			mine = true;
@@ -511,10 +511,11 @@ int hybd_queue_resume(struct hybd_queue *q, struct hybd_reissue *list)
 	unsigned int tag, i, n = 0;
 	struct hybd_tag *t;
 	bool dead;
+	u8 state;
 
 	spin_lock(&q->lock);
 	for (tag = 0; tag < depth; tag++) {
-		if (q->tags[tag].state == HYBD_TAG_INFLIGHT)
+		if (READ_ONCE(q->tags[tag].state) == HYBD_TAG_INFLIGHT)
 			q->tags[tag].state = HYBD_TAG_REISSUE;
 	}
 	spin_unlock(&q->lock);
@@ -535,8 +536,10 @@ int hybd_queue_resume(struct hybd_queue *q, struct hybd_reissue *list)
 	/* and the requests queued since, never published: parked */
 	for (tag = 0; tag < depth; tag++) {
 		t = &q->tags[tag];
-		if (t->state == HYBD_TAG_REISSUE ||
-		    (!dead && t->state == HYBD_TAG_INFLIGHT)) {
+		/* a remap's end writes it without the lock */
+		state = READ_ONCE(t->state);
+		if (state == HYBD_TAG_REISSUE ||
+		    (!dead && state == HYBD_TAG_INFLIGHT)) {
 			list[n].seq = t->seq;
 			list[n].tag = tag;
 			n++;
@@ -606,7 +609,7 @@ void hybd_queue_fail_all(struct hybd_queue *q)
 	for (tag = 0; tag < depth; tag++) {
 		spin_lock(&q->lock);
 		rq = NULL;
-		if (q->tags[tag].state == HYBD_TAG_INFLIGHT) {
+		if (READ_ONCE(q->tags[tag].state) == HYBD_TAG_INFLIGHT) {
 			q->tags[tag].state = HYBD_TAG_IDLE;
 			rq = q->tags[tag].rq;
 			hybd_stat_inc(q, failed_dead);

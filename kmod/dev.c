@@ -153,6 +153,10 @@ static void hybd_dev_free(struct kref *ref)
 	struct hybd_dev *dev = container_of(ref, struct hybd_dev, ref);
 	unsigned int i;
 
+	/* the tails of the last remap works (the requests are all over) */
+	if (dev->remap_wq)
+		destroy_workqueue(dev->remap_wq);
+	hybd_backing_free_retired(dev);
 	if (dev->queues) {
 		for (i = 0; i < dev->params.basic.nr_hw_queues; i++)
 			hybd_queue_free(&dev->queues[i]);
@@ -261,6 +265,7 @@ struct hybd_dev *hybd_dev_create(const struct hybd_params *p, u32 id)
 	kref_init(&dev->ref);
 	spin_lock_init(&dev->state_lock);
 	mutex_init(&dev->backing_lock);
+	INIT_LIST_HEAD(&dev->retired);
 	init_completion(&dev->started);
 	init_completion(&dev->deleted);
 	INIT_WORK(&dev->start_work, hybd_dev_start_work);
@@ -300,6 +305,13 @@ struct hybd_dev *hybd_dev_create(const struct hybd_params *p, u32 id)
 	ret = hybd_dev_reserve_id(dev, id);
 	if (ret)
 		goto out_tag_set;
+	/* per CPU and high priority: a remap's I/O starts where it was queued */
+	dev->remap_wq = alloc_workqueue("hybd%u_remap",
+					WQ_MEM_RECLAIM | WQ_HIGHPRI, 0, dev->id);
+	if (!dev->remap_wq) {
+		ret = -ENOMEM;
+		goto out_id;
+	}
 	ret = hybd_dev_add_srv_node(dev);
 	if (ret)
 		goto out_id;

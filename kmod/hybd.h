@@ -53,7 +53,9 @@ struct hybd_remap {
 	struct hybd_backing	*target;	/* referenced */
 	u64			pos;		/* byte offset in the target */
 	int			srcu_idx;	/* dev->remap_srcu, held */
-	long			ret;		/* bytes done or -errno */
+	/* the last call's bytes or -errno; at the end, all bytes done */
+	long			ret;
+	u32			done;		/* bytes done by earlier calls */
 	struct bio_vec		*bvec;		/* a multi-bio request's */
 	atomic_t		ref;		/* submitter + completion */
 	struct kiocb		iocb;
@@ -201,8 +203,19 @@ struct hybd_dev {
 	/* backing targets; written under @backing_lock, read under RCU */
 	struct mutex		backing_lock;
 	struct hybd_backing __rcu *backing[HYBD_MAX_BACKINGS];
+	/*
+	 * targets taken off that a flush must still sync, or that remaps
+	 * still use (struct hybd_backing.node); under @backing_lock
+	 */
+	struct list_head	retired;
 	/* every remap holds it from its submit() to its end: the barrier */
 	struct srcu_struct	remap_srcu;
+	/*
+	 * remaps start their backing I/O here: the device's own, with a
+	 * rescuer, as loop has, so that one device's I/O stacked on
+	 * another's never waits behind it for a worker
+	 */
+	struct workqueue_struct	*remap_wq;
 
 	/* the BPF fast path; written under hybd_bpf_lock, read under RCU */
 	struct hybd_bpf_prog __rcu *bpf_prog;
@@ -271,10 +284,10 @@ static inline unsigned int hybd_lat_bucket(u64 start_ns)
 blk_status_t hybd_errno_status(int err);
 
 /* backing.c */
-extern struct workqueue_struct *hybd_remap_wq;
 long hybd_backing_add(struct hybd_dev *dev, void __user *arg);
 long hybd_backing_del(struct hybd_dev *dev, unsigned long index);
 void hybd_backing_drop_all(struct hybd_dev *dev);
+void hybd_backing_free_retired(struct hybd_dev *dev);
 long hybd_remap_barrier(struct hybd_dev *dev);
 void hybd_remap_init_tag(struct hybd_tag *t);
 int hybd_remap_prepare(struct hybd_queue *q, struct hybd_tag *t, u32 index,

@@ -146,18 +146,6 @@ static int __init hybd_init(void)
 	hybd_wq = alloc_workqueue("hybd", WQ_UNBOUND, 0);
 	if (!hybd_wq)
 		return -ENOMEM;
-	/*
-	 * Remapped requests start their backing I/O here: block I/O, so with
-	 * a rescuer; per CPU and high priority, so that a request's I/O
-	 * starts on the CPU that queued it, soon, as a driver's own would.
-	 */
-	hybd_remap_wq = alloc_workqueue("hybd_remap",
-					WQ_MEM_RECLAIM | WQ_HIGHPRI, 0);
-	if (!hybd_remap_wq) {
-		ret = -ENOMEM;
-		goto out_wq;
-	}
-
 	ret = alloc_chrdev_region(&hybd_srv_devt, 0, HYBD_MAX_DEVICES,
 				  "hybd-srv");
 	if (ret)
@@ -187,8 +175,6 @@ out_class:
 out_chrdev:
 	unregister_chrdev_region(hybd_srv_devt, HYBD_MAX_DEVICES);
 out_wq:
-	if (hybd_remap_wq)
-		destroy_workqueue(hybd_remap_wq);
 	destroy_workqueue(hybd_wq);
 	return ret;
 }
@@ -204,7 +190,6 @@ static void __exit hybd_exit(void)
 	hybd_delete_all();
 	/* the tails of the last start and delete works */
 	destroy_workqueue(hybd_wq);
-	destroy_workqueue(hybd_remap_wq);
 	class_destroy(hybd_class);
 	unregister_chrdev_region(hybd_srv_devt, HYBD_MAX_DEVICES);
 	pr_info("unloaded\n");

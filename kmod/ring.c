@@ -256,7 +256,7 @@ int hybd_queue_commit(struct hybd_queue *q)
 				continue;
 			}
 			t = &q->tags[tag];
-			if (t->state != HYBD_TAG_INFLIGHT) {
+			if (READ_ONCE(t->state) != HYBD_TAG_INFLIGHT) {
 				hybd_stat_inc(q, rej_not_outstanding);
 				continue;
 			}

@@ -743,7 +743,10 @@ int hybd_dev_add_backing(struct hybd_dev *dev, int fd, unsigned int flags,
 			return hybd__err(err, "%s has %u backing targets already",
 					 dev->path, HYBD_MAX_BACKINGS);
 		case -EINVAL:
-			return hybd__err(err, "fd %d: not a regular file or block device, empty, or its direct I/O alignment does not divide the block size of %s",
+			return hybd__err(err, "fd %d: not a regular file or block device, an empty block device, or its direct I/O alignment does not divide the block size of %s",
+					 fd, dev->path);
+		case -ELOOP:
+			return hybd__err(err, "fd %d is %s itself, or on it: its I/O would come back to it",
 					 fd, dev->path);
 		default:
 			return hybd__err(err, "HYBD_SRV_ADD_BACKING for %s failed",

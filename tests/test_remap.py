@@ -12,6 +12,7 @@ works there as on a disk); a block-device target is a kernel loop device.
 """
 
 import errno
+import mmap
 import os
 import subprocess
 
@@ -422,3 +423,60 @@ def test_barrier_and_feature(dio_fs, servers):
         assert r < 0 and u.ctypes.get_errno() == errno.EINVAL
     finally:
         s.remove()
+
+
+def dio_at_buffer_offset(dev, offset, length, buf_off, data=None):
+    """One O_DIRECT read (or write of data) of length bytes at offset,
+    through a buffer that starts buf_off bytes into a fresh page: its
+    pages' segments are then not whole 4 KiB blocks."""
+    m = mmap.mmap(-1, buf_off + length + mmap.PAGESIZE)
+    fd = os.open(dev, (os.O_RDWR if data else os.O_RDONLY) | os.O_DIRECT)
+    try:
+        with memoryview(m) as whole, \
+                whole[buf_off:buf_off + length] as view:
+            if data is None:
+                assert os.preadv(fd, [view], offset) == length
+                return bytes(view)
+            view[:] = data
+            assert os.pwritev(fd, [view], offset) == length
+            return None
+    finally:
+        os.close(fd)
+        m.close()
+
+
+def test_memory_the_target_cannot_take_is_refused_and_served(
+        servers, fastpath, tmp_path):
+    """A target with 4 KiB sectors needs 4 KiB segments; a request whose
+    buffer starts 512 bytes into a page has smaller ones.  The remap is
+    refused (EINVAL, counted) and the server serves it, instead of the
+    target failing it with EIO."""
+    size = 16 * MiB
+    with loop_device(sparse(tmp_path / "disk.img", size), "-b",
+                     "4096") as target:
+        srv = start_loop(servers, target, "--block-size", "4096")
+        fastpath.attach(prog("loop"), srv.dev)
+        base = stats(srv.dev)
+        blocks = 16
+        for i in range(blocks):
+            data = pattern(f"odd-{i}", BLOCK)
+            dio_at_buffer_offset(srv.dev, i * BLOCK, BLOCK, 512, data)
+            got = dio_at_buffer_offset(srv.dev, i * BLOCK, BLOCK, 512)
+            assert got == data, (i, first_difference(got, data))
+            got = file_read(target, i * BLOCK, BLOCK)
+            assert got == data, (i, first_difference(got, data))
+        # aligned buffers are still remapped
+        direct_write(srv.dev, 0, pattern("aligned", 64 * 1024))
+        assert direct_read(srv.dev, 0, 64 * 1024) == \
+            pattern("aligned", 64 * 1024)
+        s = delta(stats(srv.dev), base)
+        assert s["fast_errors"] == s["slow_errors"] == 0, s
+        # fresh pages of two separate mappings are almost never
+        # physically contiguous: most odd requests went to the server
+        assert s["remap_refused"] >= blocks, s
+        assert s["slow_done"] >= blocks and s["remapped"] >= 2, s
+        record("test_memory_the_target_cannot_take_is_refused_and_served",
+               f"refused={s['remap_refused']} slow={s['slow_done']} "
+               f"remapped={s['remapped']}")
+        detach_ok(srv.dev)
+        srv.stop()

@@ -613,14 +613,22 @@ struct hybd_srv_queue_cpus {
  * server may close its descriptor) and checks it: it must be open for
  * reading (and writing with HYBD_BACKING_F_WRITE), support direct I/O,
  * and the device's logical block size must be a multiple of the
- * alignment its direct I/O needs (dio_align).  Out: the index (0 ..
+ * alignment its direct I/O needs of offsets and lengths (dio_align: what
+ * the file system reports with STATX_DIOALIGN, else its disk's logical
+ * block size, else 512).  A regular file may be empty (it may grow: a
+ * remap may reach up to its current size).  Out: the index (0 ..
  * HYBD_MAX_BACKINGS - 1), the target's size and dio_align.  Errors:
  * -EBADF (no such descriptor, or not open for what flags ask), -EINVAL (not
- * a regular file or block device, empty, misaligned, reserved bits),
- * -EOPNOTSUPP (unknown flags, no direct I/O), -ENOSPC (every index taken).
+ * a regular file or block device, an empty block device, misaligned,
+ * reserved bits), -EOPNOTSUPP (unknown flags, no direct I/O), -ELOOP (the
+ * device itself, or a file on a file system on it), -ENOSPC (every index
+ * taken).
  *
  * Targets go when the server node is released, or one by one with
- * HYBD_SRV_DEL_BACKING (arg: the index; -ENOENT if none is there).
+ * HYBD_SRV_DEL_BACKING (arg: the index; -ENOENT if none is there).  A
+ * target taken off while remapped writes to it may not be durable yet is
+ * kept (its file stays open) until a remapped flush has synced it, or the
+ * device goes: a flush covers every remapped write completed before it.
  */
 #define HYBD_MAX_BACKINGS	16
 #define HYBD_BACKING_F_WRITE	(1U << 0)	/* requests may write to it */
@@ -660,8 +668,11 @@ struct hybd_srv_backing {
  * A program is a struct_ops map of type struct hybd_bpf_ops, attached to
  * one device (dev_id, set by the loader) through a BPF link.  submit()
  * runs in queue_rq for every request; complete() runs when a request the
- * program passed to the slow path has finished, before the block layer
- * sees it, so the program can cache the data just read.
+ * program passed to the slow path, or remapped, has finished, before the
+ * block layer sees it, so the program can cache the data just read.
+ * Neither may sleep: submit() runs under RCU, and complete() in the
+ * server's system call or, for a remap, wherever the backing I/O ends (a
+ * kernel worker, a softirq, or the target's hard interrupt).
  *
  * Attaching and replacing need CAP_SYS_ADMIN (as adding a device does;
  * -EPERM) and a device that is added or live (-ENODEV for a dead or
@@ -712,17 +723,25 @@ struct hybd_srv_backing {
  *
  * What the kernel does, at the target's byte offset the program gave:
  *   READ, WRITE    direct I/O on the request's own pages (no copy), from
- *                  a kernel worker; FUA becomes a data sync of the range;
- *                  a read that comes back short (the file was truncated
- *                  under it) reads as zeros past what it got;
+ *                  the device's kernel worker; FUA becomes a data sync of
+ *                  the range; an I/O that stops short goes on from where
+ *                  it stopped, and a read that gets nothing more (the file
+ *                  ends: it was truncated under it) reads as zeros past
+ *                  what it got, as with the loop driver;
  *   FLUSH          fdatasync of the named target and of every target
- *                  written through a remap since its last flush;
- *   DISCARD        a file: punch a hole; a block device: zero-out if it
- *                  can do it without writing, else nothing (a discard is
- *                  a hint);
- *   WRITE_ZEROES   a file: zero the range (NOUNMAP) or punch a hole; a
- *                  block device: zero-out.
- * The request ends with the status of that I/O.
+ *                  written through a remap since its last flush (also
+ *                  those taken off the device since);
+ *   DISCARD        a file: punch a hole (nothing if its file system
+ *                  cannot); a block device: a discard if it takes them,
+ *                  else nothing (a discard is a hint);
+ *   WRITE_ZEROES   a file: punch a hole, or zero the range for NOUNMAP
+ *                  (and where holes cannot be punched); a block device:
+ *                  zero-out.
+ * The request ends with the status of that I/O.  hybd_bpf_io_remap()
+ * refuses (-EINVAL) a read or write whose memory the target's direct I/O
+ * cannot take as it is: each segment's address and length aligned as the
+ * target needs (a target with 4 KiB sectors, and a buffer that starts
+ * 512 bytes into a page); the program passes it to the server then.
  *
  * Consistency with the slow path: a remap reads and writes the target as
  * it is when the kernel gets to it.  A server that moves data a program
