@@ -16,10 +16,11 @@
  * Every remap also holds dev->remap_srcu from its submit() to its end,
  * which is what HYBD_SRV_REMAP_BARRIER waits for.
  *
- * A target taken off while remapped writes to it may not be durable yet
- * is retired, not dropped: it stays on dev->retired until a flush has
- * synced it and no remap uses it, so that a flush still covers every
- * write completed before it.
+ * A target taken off the device is retired, not dropped at once: it stays
+ * on dev->retired while remapped writes to it are in flight or may not be
+ * durable yet, so that a flush still covers every write completed before
+ * it.  Flushes, barriers and registrations let go of the retired targets
+ * that are done with (hybd_backing_reap()); the device's end, of all.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
@@ -47,10 +48,11 @@
  * @dio_align: what direct I/O on it needs of offsets and lengths, bytes
  * @mem_align: what it needs of memory addresses, bytes
  * @bdev: whether it is a block device (else a regular file)
- * @written: remapped writes, discards and write-zeroes completed
+ * @written: remapped writes, discards and write-zeroes completed on a
+ *	device with a write cache (without one, each is synced as it ends)
  * @synced: @written as it was before the last fdatasync that succeeded
- * @node: on dev->retired once taken off the device, while it may be dirty
- *	or in use
+ * @writers: remapped writes, discards and write-zeroes in flight
+ * @node: on dev->retired once taken off the device
  * @settled: taken off for a grace period: no new remap can reach it
  * @rcu: freed after a grace period: queue_rq looks targets up under RCU
  */
@@ -64,6 +66,7 @@ struct hybd_backing {
 	bool		bdev;
 	atomic64_t	written;
 	atomic64_t	synced;
+	atomic_t	writers;
 	struct list_head node;
 	bool		settled;
 	struct rcu_head	rcu;
@@ -71,7 +74,8 @@ struct hybd_backing {
 
 /*
  * What direct I/O on @file needs: the file system says (STATX_DIOALIGN)
- * where it knows; otherwise its device's limits, or a sector without one.
+ * where it knows; otherwise its device's limits (a block device's own, as
+ * vfs_getattr() does not ask them), or a sector without one.
  */
 static int hybd_backing_dio(struct file *file, struct block_device *bdev,
 			    u32 *align, u32 *mem_align)
@@ -79,8 +83,9 @@ static int hybd_backing_dio(struct file *file, struct block_device *bdev,
 	struct kstat st = {};
 	int ret;
 
-	ret = vfs_getattr(&file->f_path, &st, STATX_DIOALIGN,
-			  AT_STATX_SYNC_AS_STAT);
+	/* the server may serve the file system itself: no round trip */
+	ret = vfs_getattr_nosec(&file->f_path, &st, STATX_DIOALIGN,
+				AT_STATX_DONT_SYNC);
 	if (ret)
 		return ret;
 	if (st.result_mask & STATX_DIOALIGN) {
@@ -99,20 +104,6 @@ static int hybd_backing_dio(struct file *file, struct block_device *bdev,
 	if (!is_power_of_2(*align) || !is_power_of_2(*mem_align))
 		return -EINVAL;
 	return 0;
-}
-
-/* Whether @bdev is @dev's own disk: its I/O would come back to it. */
-static bool hybd_backing_is_self(struct hybd_dev *dev,
-				 struct block_device *bdev)
-{
-	bool self;
-
-	if (!bdev)
-		return false;
-	spin_lock(&dev->state_lock);
-	self = dev->disk && bdev->bd_disk == dev->disk;
-	spin_unlock(&dev->state_lock);
-	return self;
 }
 
 /*
@@ -145,7 +136,7 @@ static int hybd_backing_check(struct hybd_dev *dev, struct file *file,
 	if (!(file->f_mode & FMODE_CAN_ODIRECT))
 		return -EOPNOTSUPP;
 	/* remaps to it would queue behind themselves: a deadlock */
-	if (hybd_backing_is_self(dev, bdev))
+	if (bdev && hybd_dev_owns_disk(dev, bdev->bd_disk))
 		return -ELOOP;
 	ret = hybd_backing_dio(file, bdev, &t->dio_align, &t->mem_align);
 	if (ret)
@@ -157,6 +148,141 @@ static int hybd_backing_check(struct hybd_dev *dev, struct file *file,
 	if (dev->params.basic.logical_bs % t->dio_align)
 		return -EINVAL;
 	return 0;
+}
+
+/*
+ * Take target @i off @dev, onto dev->retired (in the same critical
+ * section, so that a flush finds it in one place or the other); under
+ * @backing_lock.  hybd_backing_settle() decides what to keep.
+ */
+static struct hybd_backing *hybd_backing_take(struct hybd_dev *dev,
+					      unsigned int i)
+{
+	struct hybd_backing *t;
+
+	t = rcu_dereference_protected(dev->backing[i],
+				      lockdep_is_held(&dev->backing_lock));
+	if (t) {
+		list_add_tail(&t->node, &dev->retired);
+		RCU_INIT_POINTER(dev->backing[i], NULL);
+	}
+	return t;
+}
+
+static void hybd_backing_release(struct kref *ref)
+{
+	struct hybd_backing *t = container_of(ref, struct hybd_backing, ref);
+
+	/* fput() defers itself when called from a completion's softirq */
+	fput(t->file);
+	kfree_rcu(t, rcu);
+}
+
+static void hybd_backing_put(struct hybd_backing *t)
+{
+	kref_put(&t->ref, hybd_backing_release);
+}
+
+/* Whether remapped writes on @t completed since its last sync. */
+static bool hybd_backing_dirty(struct hybd_backing *t)
+{
+	return atomic64_read(&t->written) != atomic64_read(&t->synced);
+}
+
+/*
+ * Sync @b if remapped writes completed on it since it was last synced
+ * (or always, @named: whatever wrote to it, the server too).  A remapped
+ * write counts once it has completed, so a flush covers what completed
+ * before it and never claims what it did not wait for.
+ */
+static int hybd_remap_sync(struct hybd_backing *b, bool named)
+{
+	s64 seen = atomic64_read(&b->written);
+	s64 old = atomic64_read(&b->synced);
+	int err;
+
+	if (!named && seen == old)
+		return 0;
+	err = vfs_fsync(b->file, 1);
+	if (err)
+		return err;
+	while (old < seen && !atomic64_try_cmpxchg(&b->synced, &old, seen))
+		;
+	return 0;
+}
+
+/*
+ * Whether retired target @t is done with: no remap can reach it, none
+ * writes to it, and what they wrote is synced.  Reads in flight hold
+ * their own reference.
+ */
+static bool hybd_backing_done_with(struct hybd_backing *t)
+{
+	/* pairs with the release in hybd_remap_drop(): @written is final */
+	return READ_ONCE(t->settled) && !atomic_read_acquire(&t->writers) &&
+	       !hybd_backing_dirty(t);
+}
+
+/*
+ * Let go of the retired targets that are done with, syncing the dirty
+ * ones first if @sync; caller holds @retired_lock.  @backing_lock is not
+ * held across the syncs: registrations and deletes never wait for them.
+ * The targets being looked at are off the list meanwhile; whoever else
+ * would sync them waits for @retired_lock.
+ *
+ * Return: 0, or the first sync's error.
+ */
+static int hybd_backing_reap(struct hybd_dev *dev, bool sync)
+{
+	struct hybd_backing *t, *next;
+	LIST_HEAD(list);
+	LIST_HEAD(drop);
+	int ret = 0;
+
+	lockdep_assert_held(&dev->retired_lock);
+	mutex_lock(&dev->backing_lock);
+	list_splice_init(&dev->retired, &list);
+	mutex_unlock(&dev->backing_lock);
+	list_for_each_entry_safe(t, next, &list, node) {
+		if (sync)
+			ret = ret ?: hybd_remap_sync(t, false);
+		if (hybd_backing_done_with(t))
+			list_move(&t->node, &drop);
+	}
+	mutex_lock(&dev->backing_lock);
+	list_splice(&list, &dev->retired);
+	mutex_unlock(&dev->backing_lock);
+	list_for_each_entry_safe(t, next, &drop, node) {
+		list_del(&t->node);
+		hybd_backing_put(t);
+	}
+	return ret;
+}
+
+/* Reap without syncing, unless a flush or barrier is at it already. */
+static void hybd_backing_try_reap(struct hybd_dev *dev)
+{
+	if (!mutex_trylock(&dev->retired_lock))
+		return;
+	hybd_backing_reap(dev, false);
+	mutex_unlock(&dev->retired_lock);
+}
+
+/*
+ * Targets @old[0..@n-1] were taken off @dev: once no submit() can find
+ * them any more, they are settled, and let go of if done with.
+ */
+static void hybd_backing_settle(struct hybd_dev *dev,
+				struct hybd_backing **old, unsigned int n)
+{
+	unsigned int i;
+
+	if (!n)
+		return;
+	synchronize_rcu();
+	for (i = 0; i < n; i++)
+		WRITE_ONCE(old[i]->settled, true);
+	hybd_backing_try_reap(dev);
 }
 
 /**
@@ -211,6 +337,7 @@ long hybd_backing_add(struct hybd_dev *dev, void __user *arg)
 	mutex_unlock(&dev->backing_lock);
 	if (ret)
 		goto out;
+	hybd_backing_try_reap(dev);
 
 	b.index = i;
 	/* registered: a caller that cannot read the answer can still DEL */
@@ -221,73 +348,6 @@ out:
 	kfree(t);
 	fput(file);
 	return ret;
-}
-
-/*
- * Take target @i off @dev, onto dev->retired (in the same critical
- * section, so that a flush finds it in one place or the other); under
- * @backing_lock.  hybd_backing_settle() decides what to keep.
- */
-static struct hybd_backing *hybd_backing_take(struct hybd_dev *dev,
-					      unsigned int i)
-{
-	struct hybd_backing *t;
-
-	t = rcu_dereference_protected(dev->backing[i],
-				      lockdep_is_held(&dev->backing_lock));
-	if (t) {
-		list_add_tail(&t->node, &dev->retired);
-		RCU_INIT_POINTER(dev->backing[i], NULL);
-	}
-	return t;
-}
-
-static void hybd_backing_release(struct kref *ref)
-{
-	struct hybd_backing *t = container_of(ref, struct hybd_backing, ref);
-
-	/* fput() defers itself when called from a completion's softirq */
-	fput(t->file);
-	kfree_rcu(t, rcu);
-}
-
-static void hybd_backing_put(struct hybd_backing *t)
-{
-	kref_put(&t->ref, hybd_backing_release);
-}
-
-/* Whether remapped writes on @t completed since its last sync. */
-static bool hybd_backing_dirty(struct hybd_backing *t)
-{
-	return atomic64_read(&t->written) != atomic64_read(&t->synced);
-}
-
-/*
- * Targets @old[0..@n-1] were taken off @dev: once no submit() can find
- * them any more, let go of those that are clean and unused; a flush
- * syncs and lets go of the others.
- */
-static void hybd_backing_settle(struct hybd_dev *dev,
-				struct hybd_backing **old, unsigned int n)
-{
-	unsigned int i;
-
-	if (!n)
-		return;
-	synchronize_rcu();
-	mutex_lock(&dev->backing_lock);
-	for (i = 0; i < n; i++) {
-		old[i]->settled = true;
-		/* remaps in flight may still complete writes on it */
-		if (kref_read(&old[i]->ref) == 1 && !hybd_backing_dirty(old[i]))
-			list_del(&old[i]->node);
-		else
-			old[i] = NULL;
-	}
-	mutex_unlock(&dev->backing_lock);
-	for (i = 0; i < n; i++)
-		if (old[i])
-			hybd_backing_put(old[i]);
 }
 
 /**
@@ -357,15 +417,22 @@ void hybd_backing_free_retired(struct hybd_dev *dev)
  * A remap holds remap_srcu from hybd_bpf_io_remap() to its end, and its
  * submit() ran under RCU before that: once both grace periods are over,
  * every submit() that began before the call is over, and so is any remap
- * it made.
+ * it made.  Targets taken off before the call are then synced (if remapped
+ * writes went to them) and let go of: their files are the server's again.
  *
- * Return: 0.
+ * Return: 0, or the error of such a sync.
  */
 long hybd_remap_barrier(struct hybd_dev *dev)
 {
+	int ret;
+
 	synchronize_rcu();
 	synchronize_srcu(&dev->remap_srcu);
-	return 0;
+	/* and the targets taken off before are synced and let go of */
+	mutex_lock(&dev->retired_lock);
+	ret = hybd_backing_reap(dev, true);
+	mutex_unlock(&dev->retired_lock);
+	return ret;
 }
 
 /*
@@ -443,6 +510,8 @@ int hybd_remap_prepare(struct hybd_queue *q, struct hybd_tag *t, u32 index,
 		    !(b->flags & HYBD_BACKING_F_WRITE))
 			goto out_put;
 	}
+	if (io->op != HYBD_OP_READ && io->op != HYBD_OP_FLUSH)
+		atomic_inc(&b->writers);
 	t->remap.target = b;
 	t->remap.pos = offset;
 	t->remap.srcu_idx = srcu_down_read(&q->dev->remap_srcu);
@@ -462,6 +531,11 @@ out_put:
  */
 void hybd_remap_drop(struct hybd_queue *q, struct hybd_tag *t)
 {
+	u32 op = t->bio.op;
+
+	/* after hybd_remap_end() counted it in @written */
+	if (op != HYBD_OP_READ && op != HYBD_OP_FLUSH)
+		atomic_dec_return_release(&t->remap.target->writers);
 	hybd_backing_put(t->remap.target);
 	t->remap.target = NULL;
 	srcu_up_read(&q->dev->remap_srcu, t->remap.srcu_idx);
@@ -482,15 +556,26 @@ static void hybd_remap_put(struct hybd_remap *r)
 	/* the submitter's, or the I/O's, whichever is last */
 	if (!atomic_dec_and_test(&r->ref))
 		return;
-	if (t->bio.op == HYBD_OP_WRITE)
+	if (t->bio.op == HYBD_OP_WRITE && !r->target->bdev)
 		kiocb_end_write(&r->iocb);
-	if (r->ret > 0) {
-		r->done += r->ret;
-		if (r->done < t->bio.bytes) {
+	if (r->ret > 0 && r->done + r->ret < t->bio.bytes) {
+		u32 done = r->done + r->ret;
+
+		/*
+		 * Direct I/O goes on from aligned offsets only.  A read that
+		 * stopped elsewhere stopped at the file's end; a write goes
+		 * on from its last whole block, if that is progress.
+		 */
+		if (t->bio.op == HYBD_OP_WRITE)
+			done = round_down(done, r->target->dio_align);
+		if (done > r->done && IS_ALIGNED(done, r->target->dio_align)) {
+			r->done = done;
 			queue_work(q->dev->remap_wq, &r->work);
 			return;
 		}
 	}
+	if (r->ret > 0)
+		r->done += r->ret;
 	if (r->ret >= 0)
 		r->ret = r->done;
 	kfree(r->bvec);
@@ -504,6 +589,14 @@ static void hybd_remap_rw_done(struct kiocb *iocb, long ret)
 
 	r->ret = ret;
 	hybd_remap_put(r);
+}
+
+/* Whether the device has a volatile write cache: flushes make it durable. */
+static bool hybd_remap_cached(struct hybd_tag *t)
+{
+	struct hybd_queue *q = t->rq->mq_hctx->driver_data;
+
+	return q->dev->params.basic.flags & HYBD_DEV_F_WRITE_CACHE;
 }
 
 /*
@@ -553,14 +646,17 @@ static void hybd_remap_rw(struct hybd_tag *t)
 	r->iocb.ki_filp = file;
 	r->iocb.ki_pos = r->pos + r->done;
 	r->iocb.ki_flags = IOCB_DIRECT;
-	if (write && (rq->cmd_flags & REQ_FUA))
+	/* without a write cache, what a write completed must stay */
+	if (write && ((rq->cmd_flags & REQ_FUA) || !hybd_remap_cached(t)))
 		r->iocb.ki_flags |= IOCB_DSYNC;
 	r->iocb.ki_ioprio = req_get_ioprio(rq);
 	r->iocb.ki_complete = hybd_remap_rw_done;
 	/* the bio_vec array must outlive the call even if the I/O is done */
 	atomic_set(&r->ref, 2);
 	if (write) {
-		kiocb_start_write(&r->iocb);
+		/* freeze protection is a regular file's, as aio does it */
+		if (!r->target->bdev)
+			kiocb_start_write(&r->iocb);
 		ret = file->f_op->write_iter(&r->iocb, &iter);
 	} else {
 		ret = file->f_op->read_iter(&r->iocb, &iter);
@@ -573,37 +669,13 @@ static void hybd_remap_rw(struct hybd_tag *t)
 }
 
 /*
- * Sync @b if remapped writes completed on it since it was last synced
- * (or always, @named: whatever wrote to it, the server too).  A remapped
- * write counts once it has completed, so a flush covers what completed
- * before it and never claims what it did not wait for.
- */
-static int hybd_remap_sync(struct hybd_backing *b, bool named)
-{
-	s64 seen = atomic64_read(&b->written);
-	s64 old = atomic64_read(&b->synced);
-	int err;
-
-	if (!named && seen == old)
-		return 0;
-	err = vfs_fsync(b->file, 1);
-	if (err)
-		return err;
-	while (old < seen && !atomic64_try_cmpxchg(&b->synced, &old, seen))
-		;
-	return 0;
-}
-
-/*
  * A flush: fdatasync the named target, every other target remapped
- * writes completed on since it was last synced, and the retired ones
- * that may still hold such writes (dropping those that are clean and
- * unused once synced).
+ * writes completed on since it was last synced, and the retired ones that
+ * may still hold such writes (letting go of those done with).
  */
 static int hybd_remap_flush(struct hybd_dev *dev, struct hybd_backing *named)
 {
-	struct hybd_backing *sync[HYBD_MAX_BACKINGS], *b, *next;
-	LIST_HEAD(drop);
+	struct hybd_backing *sync[HYBD_MAX_BACKINGS], *b;
 	unsigned int i, n = 0;
 	int ret;
 
@@ -621,20 +693,9 @@ static int hybd_remap_flush(struct hybd_dev *dev, struct hybd_backing *named)
 		ret = ret ?: hybd_remap_sync(sync[i], false);
 		hybd_backing_put(sync[i]);
 	}
-
-	/* the list is empty unless targets were taken off while in use */
-	mutex_lock(&dev->backing_lock);
-	list_for_each_entry_safe(b, next, &dev->retired, node) {
-		int err = hybd_remap_sync(b, false);
-
-		ret = ret ?: err;
-		if (!err && b->settled && !hybd_backing_dirty(b) &&
-		    kref_read(&b->ref) == 1)
-			list_move(&b->node, &drop);
-	}
-	mutex_unlock(&dev->backing_lock);
-	list_for_each_entry_safe(b, next, &drop, node)
-		hybd_backing_put(b);
+	mutex_lock(&dev->retired_lock);
+	ret = ret ?: hybd_backing_reap(dev, true);
+	mutex_unlock(&dev->retired_lock);
 	return ret;
 }
 
@@ -661,17 +722,23 @@ static int hybd_remap_fallocate(struct hybd_tag *t)
 					    t->bio.bytes >> SECTOR_SHIFT,
 					    GFP_NOIO);
 	}
+	ret = -EOPNOTSUPP;
 	if (!b->bdev && !(zeroes && (t->bio.flags & HYBD_IO_F_NOUNMAP))) {
 		ret = vfs_fallocate(b->file,
 				    FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE,
 				    r->pos, t->bio.bytes);
-		if (ret != -EOPNOTSUPP)
-			return ret;
-		if (!zeroes)
+		if (ret == -EOPNOTSUPP && !zeroes)
 			return 0;
 	}
-	return vfs_fallocate(b->file, FALLOC_FL_KEEP_SIZE | FALLOC_FL_ZERO_RANGE,
-			     r->pos, t->bio.bytes);
+	if (ret == -EOPNOTSUPP)
+		ret = vfs_fallocate(b->file,
+				    FALLOC_FL_KEEP_SIZE | FALLOC_FL_ZERO_RANGE,
+				    r->pos, t->bio.bytes);
+	/* without a write cache, what completed must stay */
+	if (!ret && !hybd_remap_cached(t))
+		ret = vfs_fsync_range(b->file, r->pos,
+				      r->pos + t->bio.bytes - 1, 1);
+	return ret;
 }
 
 static void hybd_remap_work(struct work_struct *work)
@@ -770,8 +837,12 @@ int hybd_remap_end(struct hybd_queue *q, struct request *rq)
 	} else {
 		err = ret;
 	}
-	/* even a failed write may have changed some of the range */
-	if (t->bio.op != HYBD_OP_READ && t->bio.op != HYBD_OP_FLUSH)
+	/*
+	 * A flush must sync it, even after a failed write, which may have
+	 * changed some of the range; without a write cache it is synced.
+	 */
+	if (t->bio.op != HYBD_OP_READ && t->bio.op != HYBD_OP_FLUSH &&
+	    hybd_remap_cached(t))
 		atomic64_inc(&r->target->written);
 
 	t->bio.result = err;

@@ -165,8 +165,23 @@ static void hybd_dev_free(struct kref *ref)
 	put_pid(dev->server_pid);
 	kfree(dev->cpu_queue);
 	mutex_destroy(&dev->backing_lock);
+	mutex_destroy(&dev->retired_lock);
 	cleanup_srcu_struct(&dev->remap_srcu);
 	kfree(dev);
+}
+
+/**
+ * hybd_dev_owns_disk() - whether @disk is @dev's block device
+ * @dev: the device
+ * @disk: a disk
+ *
+ * Also while add_disk() runs for it, before @dev->disk is set.
+ *
+ * Return: true if it is.
+ */
+bool hybd_dev_owns_disk(struct hybd_dev *dev, struct gendisk *disk)
+{
+	return disk->fops == &hybd_bdev_fops && disk->private_data == dev;
 }
 
 void hybd_dev_put(struct hybd_dev *dev)
@@ -266,6 +281,7 @@ struct hybd_dev *hybd_dev_create(const struct hybd_params *p, u32 id)
 	spin_lock_init(&dev->state_lock);
 	mutex_init(&dev->backing_lock);
 	INIT_LIST_HEAD(&dev->retired);
+	mutex_init(&dev->retired_lock);
 	init_completion(&dev->started);
 	init_completion(&dev->deleted);
 	INIT_WORK(&dev->start_work, hybd_dev_start_work);

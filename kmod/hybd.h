@@ -208,6 +208,8 @@ struct hybd_dev {
 	 * still use (struct hybd_backing.node); under @backing_lock
 	 */
 	struct list_head	retired;
+	/* held while retired targets are synced and let go of */
+	struct mutex		retired_lock;
 	/* every remap holds it from its submit() to its end: the barrier */
 	struct srcu_struct	remap_srcu;
 	/*
@@ -253,6 +255,7 @@ void hybd_dev_put(struct hybd_dev *dev);
 void hybd_dev_fill_info(struct hybd_dev *dev, struct hybd_dev_info *info);
 void hybd_queue_stat_add(struct hybd_queue *q, struct hybd_queue_stat *dst);
 int hybd_params_check(struct hybd_params *p, u32 *err_param);
+bool hybd_dev_owns_disk(struct hybd_dev *dev, struct gendisk *disk);
 
 /* blk.c */
 extern const struct blk_mq_ops hybd_mq_ops;

@@ -363,8 +363,9 @@ int hybd_dev_del_backing(struct hybd_dev *dev, unsigned int index);
  * data a program remaps to updates the program's map, calls this, and
  * only then overwrites or reuses the old place: no remap still reads it.
  * After hybd_dev_del_backing() it also means the kernel no longer uses
- * the deleted target's file.  Waits as long as the backing I/O takes.
- * RETURN VALUE: 0, or -errno.
+ * the deleted target's file, and has synced what remapped writes left
+ * there.  Waits as long as the backing I/O takes.
+ * RETURN VALUE: 0, or -errno (a sync of a deleted target failed).
  */
 int hybd_dev_remap_barrier(struct hybd_dev *dev);
 

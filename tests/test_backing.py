@@ -204,3 +204,30 @@ def test_backing_reference_goes_with_the_server_node(dio_fs, served):
     s.close()
     wait_for(lambda: free() - before >= 30 * MiB, T_CMD,
              "the unlinked file's space to come back")
+
+
+def test_backing_reference_goes_with_its_delete(dio_fs, served):
+    """HYBD_SRV_DEL_BACKING of a target nothing remapped to lets go of
+    the file at once, and HYBD_SRV_REMAP_BARRIER has nothing to wait
+    for."""
+    mnt, _ = dio_fs
+    s = served()
+    path = mnt / "big"
+    with open(path, "wb") as f:
+        f.write(os.urandom(MiB) * 32)
+        os.fsync(f.fileno())
+    st = os.statvfs(mnt)
+    before = st.f_bfree * st.f_frsize
+    fd = os.open(path, os.O_RDWR)
+    e, index, _, _ = s.add(fd, u.BACKING_F_WRITE)
+    assert e == 0, u.errname(e)
+    os.close(fd)
+    os.unlink(path)
+    assert s.delete(index) == 0
+    subprocess.run(["sync"], check=True)
+
+    def freed():
+        st = os.statvfs(mnt)
+        return st.f_bfree * st.f_frsize - before >= 30 * MiB
+    wait_for(freed, T_CMD, "the deleted target's space to come back")
+    assert u._libc.ioctl(s.fd, u.SRV_REMAP_BARRIER, 0) == 0

@@ -626,9 +626,12 @@ struct hybd_srv_queue_cpus {
  *
  * Targets go when the server node is released, or one by one with
  * HYBD_SRV_DEL_BACKING (arg: the index; -ENOENT if none is there).  A
- * target taken off while remapped writes to it may not be durable yet is
- * kept (its file stays open) until a remapped flush has synced it, or the
- * device goes: a flush covers every remapped write completed before it.
+ * target taken off while remapped writes to it are in flight, or may not
+ * be durable yet, is kept (its file stays open) until a remapped flush or
+ * HYBD_SRV_REMAP_BARRIER has synced it, or the device goes: a flush covers
+ * every remapped write completed before it.  On a device without a write
+ * cache, every remapped write, discard and write-zeroes is durable when it
+ * completes (a data sync of its range).
  */
 #define HYBD_MAX_BACKINGS	16
 #define HYBD_BACKING_F_WRITE	(1U << 0)	/* requests may write to it */
@@ -655,8 +658,9 @@ struct hybd_srv_backing {
  * this, and only then overwrites or reuses the old place: a remap that
  * read the old mapping is over, and every later one sees the new mapping.
  * Together with HYBD_SRV_DEL_BACKING it also means the kernel no longer
- * uses the deleted target's file.  It waits for the backing I/O, as long
- * as that takes.
+ * uses the deleted target's file: what remapped writes left there is
+ * synced (as a flush would: -errno if that fails) and the kernel's
+ * reference is gone.  It waits for the backing I/O, as long as that takes.
  */
 #define HYBD_SRV_REMAP_BARRIER	_IO(HYBD_IOC_MAGIC, 0x48)
 
