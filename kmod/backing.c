@@ -791,24 +791,6 @@ void hybd_remap_start(struct hybd_queue *q, struct hybd_tag *t)
 	WARN_ON_ONCE(!queue_work(q->dev->remap_wq, &t->remap.work));
 }
 
-/* Zero a request's payload from byte @off to its end. */
-static void hybd_rq_zero_from(struct request *rq, u32 off)
-{
-	struct req_iterator iter;
-	struct bio_vec bv;
-
-	rq_for_each_segment(bv, rq, iter) {
-		if (off >= bv.bv_len) {
-			off -= bv.bv_len;
-			continue;
-		}
-		bv.bv_offset += off;
-		bv.bv_len -= off;
-		off = 0;
-		memzero_bvec(&bv);
-	}
-}
-
 /**
  * hybd_remap_end() - a remapped request is done: its status, complete()
  * @q: its queue
@@ -833,7 +815,7 @@ int hybd_remap_end(struct hybd_queue *q, struct request *rq)
 			err = -EIO;
 		else if (ret < t->bio.bytes)
 			/* the file ended (truncated): the rest reads as 0 */
-			hybd_rq_zero_from(rq, ret);
+			hybd_rq_copy(rq, ret, NULL, t->bio.bytes - ret, true);
 	} else {
 		err = ret;
 	}

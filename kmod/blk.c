@@ -126,7 +126,7 @@ blk_status_t hybd_errno_status(int err)
  * hybd_rq_copy() - copy between a request's pages and a buffer
  * @rq: the request
  * @off: byte offset into the request's payload
- * @buf: the buffer
+ * @buf: the buffer; NULL (with @to_rq) zeroes the range instead
  * @len: bytes to copy; @off + @len must not pass blk_rq_bytes(@rq)
  * @to_rq: direction: @buf into the request, or the request into @buf
  */
@@ -149,11 +149,14 @@ void hybd_rq_copy(struct request *rq, u32 off, void *buf, u32 len, bool to_rq)
 		off = 0;
 		n = min(bv.bv_len, len);
 		bv.bv_len = n;
-		if (to_rq)
+		if (!buf)
+			memzero_bvec(&bv);
+		else if (to_rq)
 			memcpy_to_bvec(&bv, buf);
 		else
 			memcpy_from_bvec(buf, &bv);
-		buf += n;
+		if (buf)
+			buf += n;
 		len -= n;
 		if (!len)
 			break;

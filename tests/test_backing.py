@@ -179,31 +179,43 @@ def test_backing_block_devices_and_alignment(served, tmp_path):
             os.close(fd)
 
 
+def free_bytes(mnt):
+    st = os.statvfs(mnt)
+    return st.f_bfree * st.f_frsize
+
+
+def register_unlinked(s, mnt):
+    """Register a new 32 MiB file of mnt with s, then unlink it: returns
+    its index and the free bytes before the unlink."""
+    path = mnt / "big"
+    with open(path, "wb") as f:
+        f.write(os.urandom(MiB) * 32)
+        os.fsync(f.fileno())
+    fd = os.open(path, os.O_RDWR)
+    e, index, _, _ = s.add(fd, u.BACKING_F_WRITE)
+    assert e == 0, u.errname(e)
+    os.close(fd)
+    before = free_bytes(mnt)
+    os.unlink(path)
+    subprocess.run(["sync"], check=True)
+    return index, before
+
+
+def wait_freed(mnt, before):
+    wait_for(lambda: free_bytes(mnt) - before >= 30 * MiB, T_CMD,
+             "the unlinked file's space to come back")
+
+
 def test_backing_reference_goes_with_the_server_node(dio_fs, served):
     """The kernel's reference keeps an unlinked file's space until the
     server node is closed, and not a moment longer."""
     mnt, _ = dio_fs
     s = served()
-    path = mnt / "big"
-    with open(path, "wb") as f:
-        f.write(os.urandom(MiB) * 32)
-        os.fsync(f.fileno())
-
-    def free():
-        st = os.statvfs(mnt)
-        return st.f_bfree * st.f_frsize
-
-    fd = os.open(path, os.O_RDWR)
-    assert s.add(fd, u.BACKING_F_WRITE)[0] == 0
-    os.close(fd)
-    before = free()
-    os.unlink(path)
-    subprocess.run(["sync"], check=True)
+    _, before = register_unlinked(s, mnt)
     # still held: the kernel's reference
-    assert free() - before < 16 * MiB, (before, free())
+    assert free_bytes(mnt) - before < 16 * MiB, (before, free_bytes(mnt))
     s.close()
-    wait_for(lambda: free() - before >= 30 * MiB, T_CMD,
-             "the unlinked file's space to come back")
+    wait_freed(mnt, before)
 
 
 def test_backing_reference_goes_with_its_delete(dio_fs, served):
@@ -212,22 +224,7 @@ def test_backing_reference_goes_with_its_delete(dio_fs, served):
     for."""
     mnt, _ = dio_fs
     s = served()
-    path = mnt / "big"
-    with open(path, "wb") as f:
-        f.write(os.urandom(MiB) * 32)
-        os.fsync(f.fileno())
-    st = os.statvfs(mnt)
-    before = st.f_bfree * st.f_frsize
-    fd = os.open(path, os.O_RDWR)
-    e, index, _, _ = s.add(fd, u.BACKING_F_WRITE)
-    assert e == 0, u.errname(e)
-    os.close(fd)
-    os.unlink(path)
+    index, before = register_unlinked(s, mnt)
     assert s.delete(index) == 0
-    subprocess.run(["sync"], check=True)
-
-    def freed():
-        st = os.statvfs(mnt)
-        return st.f_bfree * st.f_frsize - before >= 30 * MiB
-    wait_for(freed, T_CMD, "the deleted target's space to come back")
+    wait_freed(mnt, before)
     assert u._libc.ioctl(s.fd, u.SRV_REMAP_BARRIER, 0) == 0

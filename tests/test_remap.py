@@ -24,7 +24,7 @@ from hybdlib import (LOOP, T_CMD, T_IO, direct_read, direct_write,
                      first_difference, fio_verify, hybdctl, hybdctl_json,
                      io_errno, loop_device, need_built, need_tool, pattern,
                      record, run, wait_for)
-from test_backing import dio_fs  # noqa: F401 (fixture)
+from test_backing import dio_fs, free_bytes  # noqa: F401 (fixture)
 from test_recovery import Background, let_run, seeded, wait_waiting
 
 MiB = 1 << 20
@@ -198,11 +198,6 @@ def served_more(dev, since, n=32):
         return now["slow_done"] >= since["slow_done"] + n
     wait_for(more, T_IO, f"{dev}: the server serving {n} more requests")
     return now
-
-
-def free_bytes(mnt):
-    st = os.statvfs(mnt)
-    return st.f_bfree * st.f_frsize
 
 
 def test_server_death_with_remaps_in_flight(dio_fs, servers, fastpath):
