@@ -321,9 +321,14 @@ struct hybd_dev *hybd_dev_create(const struct hybd_params *p, u32 id)
 	ret = hybd_dev_reserve_id(dev, id);
 	if (ret)
 		goto out_tag_set;
-	/* per CPU and high priority: a remap's I/O starts where it was queued */
+	/*
+	 * Unbound, as loop's: a file system may do a remap's I/O in the
+	 * worker (a copy, a page cache fill), and at depth the works must
+	 * spread over the CPUs, not queue behind the one that submitted.
+	 */
 	dev->remap_wq = alloc_workqueue("hybd%u_remap",
-					WQ_MEM_RECLAIM | WQ_HIGHPRI, 0, dev->id);
+					WQ_MEM_RECLAIM | WQ_UNBOUND | WQ_HIGHPRI,
+					0, dev->id);
 	if (!dev->remap_wq) {
 		ret = -ENOMEM;
 		goto out_id;
