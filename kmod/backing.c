@@ -183,6 +183,23 @@ static void hybd_backing_put(struct hybd_backing *t)
 	kref_put(&t->ref, hybd_backing_release);
 }
 
+/* Let go of every target on @list. */
+static void hybd_backing_put_all(struct list_head *list)
+{
+	struct hybd_backing *t, *next;
+
+	list_for_each_entry_safe(t, next, list, node) {
+		list_del(&t->node);
+		hybd_backing_put(t);
+	}
+}
+
+/* Whether a remap of @op writes to its target (what a flush must sync). */
+static bool hybd_remap_writes(u32 op)
+{
+	return op != HYBD_OP_READ && op != HYBD_OP_FLUSH;
+}
+
 /* Whether remapped writes on @t completed since its last sync. */
 static bool hybd_backing_dirty(struct hybd_backing *t)
 {
@@ -252,10 +269,7 @@ static int hybd_backing_reap(struct hybd_dev *dev, bool sync)
 	mutex_lock(&dev->backing_lock);
 	list_splice(&list, &dev->retired);
 	mutex_unlock(&dev->backing_lock);
-	list_for_each_entry_safe(t, next, &drop, node) {
-		list_del(&t->node);
-		hybd_backing_put(t);
-	}
+	hybd_backing_put_all(&drop);
 	return ret;
 }
 
@@ -400,12 +414,7 @@ void hybd_backing_drop_all(struct hybd_dev *dev)
  */
 void hybd_backing_free_retired(struct hybd_dev *dev)
 {
-	struct hybd_backing *t, *next;
-
-	list_for_each_entry_safe(t, next, &dev->retired, node) {
-		list_del(&t->node);
-		hybd_backing_put(t);
-	}
+	hybd_backing_put_all(&dev->retired);
 }
 
 /* ---- remaps ---- */
@@ -510,7 +519,7 @@ int hybd_remap_prepare(struct hybd_queue *q, struct hybd_tag *t, u32 index,
 		    !(b->flags & HYBD_BACKING_F_WRITE))
 			goto out_put;
 	}
-	if (io->op != HYBD_OP_READ && io->op != HYBD_OP_FLUSH)
+	if (hybd_remap_writes(io->op))
 		atomic_inc(&b->writers);
 	t->remap.target = b;
 	t->remap.pos = offset;
@@ -531,10 +540,8 @@ out_put:
  */
 void hybd_remap_drop(struct hybd_queue *q, struct hybd_tag *t)
 {
-	u32 op = t->bio.op;
-
 	/* after hybd_remap_end() counted it in @written */
-	if (op != HYBD_OP_READ && op != HYBD_OP_FLUSH)
+	if (hybd_remap_writes(t->bio.op))
 		atomic_dec_return_release(&t->remap.target->writers);
 	hybd_backing_put(t->remap.target);
 	t->remap.target = NULL;
@@ -661,11 +668,9 @@ static void hybd_remap_rw(struct hybd_tag *t)
 	} else {
 		ret = file->f_op->read_iter(&r->iocb, &iter);
 	}
-	if (ret != -EIOCBQUEUED)
-		r->ret = ret;
 	hybd_remap_put(r);
 	if (ret != -EIOCBQUEUED)
-		hybd_remap_put(r);
+		hybd_remap_rw_done(&r->iocb, ret);
 }
 
 /*
@@ -823,8 +828,7 @@ int hybd_remap_end(struct hybd_queue *q, struct request *rq)
 	 * A flush must sync it, even after a failed write, which may have
 	 * changed some of the range; without a write cache it is synced.
 	 */
-	if (t->bio.op != HYBD_OP_READ && t->bio.op != HYBD_OP_FLUSH &&
-	    hybd_remap_cached(t))
+	if (hybd_remap_writes(t->bio.op) && hybd_remap_cached(t))
 		atomic64_inc(&r->target->written);
 
 	t->bio.result = err;
