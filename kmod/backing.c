@@ -548,6 +548,8 @@ void hybd_remap_drop(struct hybd_queue *q, struct hybd_tag *t)
 	srcu_up_read(&q->dev->remap_srcu, t->remap.srcu_idx);
 }
 
+static void hybd_remap_queue(struct hybd_queue *q, struct hybd_tag *t);
+
 /*
  * One direct I/O call is over (r->ret is set): go on from where it
  * stopped if it made progress short of the end (a file system may do
@@ -577,7 +579,7 @@ static void hybd_remap_put(struct hybd_remap *r)
 			done = round_down(done, r->target->dio_align);
 		if (done > r->done && IS_ALIGNED(done, r->target->dio_align)) {
 			r->done = done;
-			queue_work(q->dev->remap_wq, &r->work);
+			hybd_remap_queue(q, t);
 			return;
 		}
 	}
@@ -746,6 +748,7 @@ static int hybd_remap_fallocate(struct hybd_tag *t)
 	return ret;
 }
 
+/* A flush, discard or write-zeroes: in a work of its own, as it may wait. */
 static void hybd_remap_work(struct work_struct *work)
 {
 	struct hybd_remap *r = container_of(work, struct hybd_remap, work);
@@ -758,26 +761,56 @@ static void hybd_remap_work(struct work_struct *work)
 	 * system must not recurse into I/O for its allocations (as loop).
 	 */
 	noio = memalloc_noio_save();
-	switch (t->bio.op) {
-	case HYBD_OP_READ:
-	case HYBD_OP_WRITE:
-		hybd_remap_rw(t);
-		break;
-	case HYBD_OP_FLUSH:
+	if (t->bio.op == HYBD_OP_FLUSH)
 		r->ret = hybd_remap_flush(q->dev, r->target);
-		blk_mq_complete_request(t->rq);
-		break;
-	default:
+	else
 		r->ret = hybd_remap_fallocate(t);
-		blk_mq_complete_request(t->rq);
-		break;
+	blk_mq_complete_request(t->rq);
+	memalloc_noio_restore(noio);
+}
+
+/*
+ * A queue's reads and writes: start each in the order they came, until
+ * none is left.  Most targets queue their direct I/O and return at once;
+ * one that does it in the call (tmpfs: a copy) keeps the batch behind it
+ * waiting, as the loop driver's worker does.
+ */
+static void hybd_remap_queue_work(struct work_struct *work)
+{
+	struct hybd_queue *q = container_of(work, struct hybd_queue,
+					    remap_work);
+	struct hybd_remap *r, *next;
+	struct llist_node *list;
+	unsigned int noio;
+
+	noio = memalloc_noio_save();
+	while ((list = llist_del_all(&q->remap_list))) {
+		/* a tag may be remapped again as soon as it is started */
+		llist_for_each_entry_safe(r, next, llist_reverse_order(list),
+					  node) {
+			hybd_remap_rw(container_of(r, struct hybd_tag, remap));
+			cond_resched();
+		}
 	}
 	memalloc_noio_restore(noio);
 }
 
-void hybd_remap_init_tag(struct hybd_tag *t)
+/* Queue a read or write for its queue's worker (any context). */
+static void hybd_remap_queue(struct hybd_queue *q, struct hybd_tag *t)
 {
-	INIT_WORK(&t->remap.work, hybd_remap_work);
+	/* the first on the list wakes the worker; it takes what follows */
+	if (llist_add(&t->remap.node, &q->remap_list))
+		queue_work(q->dev->remap_wq, &q->remap_work);
+}
+
+void hybd_remap_init_queue(struct hybd_queue *q)
+{
+	unsigned int i;
+
+	init_llist_head(&q->remap_list);
+	INIT_WORK(&q->remap_work, hybd_remap_queue_work);
+	for (i = 0; i < q->dev->params.basic.queue_depth; i++)
+		INIT_WORK(&q->tags[i].remap.work, hybd_remap_work);
 }
 
 /**
@@ -792,8 +825,11 @@ void hybd_remap_start(struct hybd_queue *q, struct hybd_tag *t)
 	t->remap.ret = 0;
 	t->remap.done = 0;
 	WRITE_ONCE(t->state, HYBD_TAG_REMAP);
-	/* the tag's last remap has ended: its work cannot be pending */
-	WARN_ON_ONCE(!queue_work(q->dev->remap_wq, &t->remap.work));
+	if (t->bio.op == HYBD_OP_READ || t->bio.op == HYBD_OP_WRITE)
+		hybd_remap_queue(q, t);
+	else
+		/* the tag's last remap has ended: its work cannot be pending */
+		WARN_ON_ONCE(!queue_work(q->dev->remap_wq, &t->remap.work));
 }
 
 /**

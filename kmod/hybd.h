@@ -17,11 +17,13 @@
 #include <linux/fs.h>
 #include <linux/completion.h>
 #include <linux/kref.h>
+#include <linux/llist.h>
 #include <linux/log2.h>
 #include <linux/mutex.h>
 #include <linux/spinlock.h>
 #include <linux/srcu.h>
 #include <linux/wait.h>
+#include <linux/workqueue.h>
 #include <linux/workqueue.h>
 
 #include "uapi/hybd.h"
@@ -59,6 +61,9 @@ struct hybd_remap {
 	struct bio_vec		*bvec;		/* a multi-bio request's */
 	atomic_t		ref;		/* submitter + completion */
 	struct kiocb		iocb;
+	/* a read or write waits on its queue's remap_list */
+	struct llist_node	node;
+	/* a flush, discard or write-zeroes runs in a work of its own */
 	struct work_struct	work;
 };
 
@@ -144,6 +149,14 @@ struct hybd_queue {
 	 */
 	struct eventfd_ctx __rcu *efd;
 	bool			efd_armed;
+
+	/*
+	 * Remapped reads and writes wait here for @remap_work, which starts
+	 * them one after another, as many as came in meanwhile: one wakeup
+	 * of a worker for a whole batch, as the loop driver does it.
+	 */
+	struct llist_head	remap_list;
+	struct work_struct	remap_work;
 };
 
 struct hybd_dev {
@@ -292,7 +305,7 @@ long hybd_backing_del(struct hybd_dev *dev, unsigned long index);
 void hybd_backing_drop_all(struct hybd_dev *dev);
 void hybd_backing_free_retired(struct hybd_dev *dev);
 long hybd_remap_barrier(struct hybd_dev *dev);
-void hybd_remap_init_tag(struct hybd_tag *t);
+void hybd_remap_init_queue(struct hybd_queue *q);
 int hybd_remap_prepare(struct hybd_queue *q, struct hybd_tag *t, u32 index,
 		       u64 offset);
 void hybd_remap_drop(struct hybd_queue *q, struct hybd_tag *t);

@@ -61,7 +61,6 @@ int hybd_queue_alloc(struct hybd_dev *dev, struct hybd_queue *q,
 {
 	u32 sq_off, cq_off, desc_off, data_off;
 	struct hybd_ring_hdr *hdr;
-	unsigned int i;
 
 	q->dev = dev;
 	q->id = id;
@@ -72,8 +71,7 @@ int hybd_queue_alloc(struct hybd_dev *dev, struct hybd_queue *q,
 			  GFP_KERNEL);
 	if (!q->tags)
 		return -ENOMEM;
-	for (i = 0; i < dev->params.basic.queue_depth; i++)
-		hybd_remap_init_tag(&q->tags[i]);
+	hybd_remap_init_queue(q);
 	q->stats = alloc_percpu(struct hybd_queue_stats);
 	if (!q->stats)
 		return -ENOMEM;
