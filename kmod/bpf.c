@@ -110,13 +110,10 @@ __bpf_kfunc_start_defs();
 __bpf_kfunc int hybd_bpf_io_zero(struct hybd_bpf_io *io)
 {
 	struct hybd_tag *t = hybd_io_tag(io);
-	struct req_iterator iter;
-	struct bio_vec bv;
 
 	if (io->op != HYBD_OP_READ)
 		return -EINVAL;
-	rq_for_each_segment(bv, t->rq, iter)
-		memzero_bvec(&bv);
+	hybd_rq_copy(t->rq, 0, NULL, io->bytes, true);
 	t->bpf_filled = io->bytes;
 	return 0;
 }
