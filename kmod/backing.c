@@ -5,10 +5,15 @@
  * A server registers files and block devices with its device
  * (HYBD_SRV_ADD_BACKING); a fast path's submit() may then remap a request
  * to a byte offset on one of them (hybd_bpf_io_remap()), and the kernel
- * serves it there: direct I/O on the request's own pages, from the
- * device's own worker (queue_rq must not sleep, the file system may), as
- * the loop driver does.  A block device target goes the same way: its
- * direct I/O builds bios on the request's pages, without a copy.
+ * serves it there: direct I/O on the request's own pages, started from a
+ * worker (queue_rq must not sleep, the file system may), as the loop
+ * driver does.  A block device target goes the same way: its direct I/O
+ * builds bios on the request's pages, without a copy.
+ *
+ * Each queue's reads and writes are started in batches by one work of
+ * the queue's, without waiting where the target can tell (IOCB_NOWAIT);
+ * what would wait is started again from a work of the tag's own, as are
+ * flushes, discards and write-zeroes, so that it holds no batch behind it.
  *
  * A target is counted: the registration holds one reference, each remap
  * in flight another, and the last put lets the file go.  Remaps find a
@@ -30,7 +35,7 @@
 #include <linux/file.h>
 #include <linux/fs.h>
 #include <linux/rcupdate.h>
-#include <linux/sched/mm.h>
+#include <linux/sched.h>
 #include <linux/slab.h>
 #include <linux/stat.h>
 #include <linux/uaccess.h>
@@ -567,6 +572,15 @@ static void hybd_remap_put(struct hybd_remap *r)
 		return;
 	if (t->bio.op == HYBD_OP_WRITE && !r->target->bdev)
 		kiocb_end_write(&r->iocb);
+	/*
+	 * It would have waited (at once, or later, as a block device's
+	 * BLK_STS_AGAIN): again, in the tag's own work, where it may.
+	 */
+	if (r->ret == -EAGAIN && r->nowait) {
+		hybd_stat_inc(q, remap_waited);
+		queue_work(q->dev->remap_wq, &r->work);
+		return;
+	}
 	if (r->ret > 0 && r->done + r->ret < t->bio.bytes) {
 		u32 done = r->done + r->ret;
 
@@ -610,10 +624,11 @@ static bool hybd_remap_cached(struct hybd_tag *t)
 
 /*
  * A read or write: direct I/O on the request's bio_vecs, from byte
- * r->done on, asynchronous where the target can do it.  The bio_vecs of a
- * request made of several bios are gathered into one array first.
+ * r->done on, asynchronous where the target can do it; with IOCB_NOWAIT
+ * if @nowait and the target can take it.  The bio_vecs of a request made
+ * of several bios are gathered into one array first.
  */
-static void hybd_remap_rw(struct hybd_tag *t)
+static void hybd_remap_rw(struct hybd_tag *t, bool nowait)
 {
 	struct hybd_remap *r = &t->remap;
 	struct request *rq = t->rq;
@@ -658,6 +673,9 @@ static void hybd_remap_rw(struct hybd_tag *t)
 	/* without a write cache, what a write completed must stay */
 	if (write && ((rq->cmd_flags & REQ_FUA) || !hybd_remap_cached(t)))
 		r->iocb.ki_flags |= IOCB_DSYNC;
+	r->nowait = nowait && (file->f_mode & FMODE_NOWAIT);
+	if (r->nowait)
+		r->iocb.ki_flags |= IOCB_NOWAIT;
 	r->iocb.ki_ioprio = req_get_ioprio(rq);
 	r->iocb.ki_complete = hybd_remap_rw_done;
 	/* the bio_vec array must outlive the call even if the I/O is done */
@@ -748,57 +766,94 @@ static int hybd_remap_fallocate(struct hybd_tag *t)
 	return ret;
 }
 
-/* A flush, discard or write-zeroes: in a work of its own, as it may wait. */
+/*
+ * Where the remap workers run: as the loop driver's, they may be the
+ * writeback that reclaim, or a dirty-page throttle, waits for.  The
+ * target's file system must not recurse into I/O for its allocations,
+ * and a write that falls back to the page cache is throttled against its
+ * own dirty pages only, not against those the device is there to write.
+ */
+#define HYBD_REMAP_PF	(PF_MEMALLOC_NOIO | PF_LOCAL_THROTTLE)
+
+static unsigned int hybd_remap_worker_enter(void)
+{
+	unsigned int pflags = current->flags & HYBD_REMAP_PF;
+
+	current->flags |= HYBD_REMAP_PF;
+	return pflags;
+}
+
+static void hybd_remap_worker_exit(unsigned int pflags)
+{
+	current_restore_flags(pflags, HYBD_REMAP_PF);
+}
+
+/*
+ * A tag's own work: what may wait, and must not hold its queue's batch
+ * behind it.  A flush (fsync), a discard or write-zeroes (fallocate), or
+ * a read or write the target could not start without waiting (a file
+ * system's locks or block allocation, a block device out of tags).
+ */
 static void hybd_remap_work(struct work_struct *work)
 {
 	struct hybd_remap *r = container_of(work, struct hybd_remap, work);
 	struct hybd_tag *t = container_of(r, struct hybd_tag, remap);
 	struct hybd_queue *q = t->rq->mq_hctx->driver_data;
-	unsigned int noio;
+	unsigned int pflags = hybd_remap_worker_enter();
 
-	/*
-	 * We may be the writeback that reclaim waits for: the target's file
-	 * system must not recurse into I/O for its allocations (as loop).
-	 */
-	noio = memalloc_noio_save();
-	if (t->bio.op == HYBD_OP_FLUSH)
+	switch (t->bio.op) {
+	case HYBD_OP_READ:
+	case HYBD_OP_WRITE:
+		hybd_remap_rw(t, false);
+		break;
+	case HYBD_OP_FLUSH:
 		r->ret = hybd_remap_flush(q->dev, r->target);
-	else
+		blk_mq_complete_request(t->rq);
+		break;
+	default:
 		r->ret = hybd_remap_fallocate(t);
-	blk_mq_complete_request(t->rq);
-	memalloc_noio_restore(noio);
+		blk_mq_complete_request(t->rq);
+		break;
+	}
+	hybd_remap_worker_exit(pflags);
 }
 
 /*
- * A queue's reads and writes: start each in the order they came, until
- * none is left.  Most targets queue their direct I/O and return at once;
- * one that does it in the call (tmpfs: a copy) keeps the batch behind it
- * waiting, as the loop driver's worker does.
+ * A queue's reads and writes: start the batch that waits, in the order
+ * it came.  Targets that can say they would wait (FMODE_NOWAIT: most file
+ * systems, block devices) are asked not to, and what would wait goes to
+ * its tag's own work.  Others are called as they are, as the loop driver
+ * calls its file: one that does the I/O in the call (tmpfs: a copy; FUSE)
+ * keeps the rest of the batch waiting meanwhile.  Requests that came in
+ * since queued this work again: one batch a run, so that the rescuer of a
+ * workqueue under memory pressure moves on to the other queues' works.
  */
 static void hybd_remap_queue_work(struct work_struct *work)
 {
 	struct hybd_queue *q = container_of(work, struct hybd_queue,
 					    remap_work);
+	unsigned int pflags = hybd_remap_worker_enter();
 	struct hybd_remap *r, *next;
 	struct llist_node *list;
-	unsigned int noio;
 
-	noio = memalloc_noio_save();
-	while ((list = llist_del_all(&q->remap_list))) {
-		/* a tag may be remapped again as soon as it is started */
-		llist_for_each_entry_safe(r, next, llist_reverse_order(list),
-					  node) {
-			hybd_remap_rw(container_of(r, struct hybd_tag, remap));
-			cond_resched();
-		}
+	list = llist_reverse_order(llist_del_all(&q->remap_list));
+	/*
+	 * A tag may be remapped again, or go on from a short I/O, as soon as
+	 * it is started: the next node is read before it starts.
+	 */
+	llist_for_each_entry_safe(r, next, list, node) {
+		hybd_remap_rw(container_of(r, struct hybd_tag, remap), true);
+		cond_resched();
 	}
-	memalloc_noio_restore(noio);
+	hybd_remap_worker_exit(pflags);
 }
 
-/* Queue a read or write for its queue's worker (any context). */
+/*
+ * Queue a read or write for its queue's worker (any context): the first
+ * on an empty list queues the work, which takes those that follow.
+ */
 static void hybd_remap_queue(struct hybd_queue *q, struct hybd_tag *t)
 {
-	/* the first on the list wakes the worker; it takes what follows */
 	if (llist_add(&t->remap.node, &q->remap_list))
 		queue_work(q->dev->remap_wq, &q->remap_work);
 }

@@ -323,8 +323,10 @@ struct hybd_dev *hybd_dev_create(const struct hybd_params *p, u32 id)
 		goto out_tag_set;
 	/*
 	 * Unbound, as loop's: a file system may do a remap's I/O in the
-	 * worker (a copy, a page cache fill), and at depth the works must
-	 * spread over the CPUs, not queue behind the one that submitted.
+	 * worker (a copy, a page cache fill), which should not take the
+	 * submitting CPU.  Each queue's reads and writes start from one
+	 * work of the queue's; what may wait (a flush, a read or write that
+	 * would block) runs in a work of its tag's, beside it.
 	 */
 	dev->remap_wq = alloc_workqueue("hybd%u_remap",
 					WQ_MEM_RECLAIM | WQ_UNBOUND | WQ_HIGHPRI,
@@ -846,6 +848,7 @@ void hybd_queue_stat_add(struct hybd_queue *q, struct hybd_queue_stat *dst)
 		s->reissued += qs->reissued;
 		s->remapped += qs->remapped;
 		s->remap_refused += qs->remap_refused;
+		s->remap_waited += qs->remap_waited;
 		for (i = 0; i < HYBD_LAT_BUCKETS; i++) {
 			dst->fast_lat[i] += qs->fast_lat[i];
 			dst->slow_lat[i] += qs->slow_lat[i];

@@ -24,7 +24,6 @@
 #include <linux/srcu.h>
 #include <linux/wait.h>
 #include <linux/workqueue.h>
-#include <linux/workqueue.h>
 
 #include "uapi/hybd.h"
 
@@ -60,10 +59,15 @@ struct hybd_remap {
 	u32			done;		/* bytes done by earlier calls */
 	struct bio_vec		*bvec;		/* a multi-bio request's */
 	atomic_t		ref;		/* submitter + completion */
+	bool			nowait;		/* the call has IOCB_NOWAIT */
 	struct kiocb		iocb;
 	/* a read or write waits on its queue's remap_list */
 	struct llist_node	node;
-	/* a flush, discard or write-zeroes runs in a work of its own */
+	/*
+	 * what may block runs in a work of its own: a flush, discard or
+	 * write-zeroes, and a read or write the target could not start
+	 * without waiting
+	 */
 	struct work_struct	work;
 };
 
@@ -98,7 +102,7 @@ struct hybd_queue_stats {
 	u64 bpf_bad_ret, bpf_unfilled, bpf_pass_zeroes;
 	u64 timed_out;
 	u64 held, reissued;
-	u64 remapped, remap_refused;
+	u64 remapped, remap_refused, remap_waited;
 	u64 fast_lat[HYBD_LAT_BUCKETS];
 	u64 slow_lat[HYBD_LAT_BUCKETS];
 };
@@ -152,8 +156,8 @@ struct hybd_queue {
 
 	/*
 	 * Remapped reads and writes wait here for @remap_work, which starts
-	 * them one after another, as many as came in meanwhile: one wakeup
-	 * of a worker for a whole batch, as the loop driver does it.
+	 * the batch it finds one after another, without waiting where the
+	 * target can say so: one worker's wakeup for a whole batch.
 	 */
 	struct llist_head	remap_list;
 	struct work_struct	remap_work;

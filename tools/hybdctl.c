@@ -175,7 +175,7 @@ static const struct {
 	STAT(rej_stale_seq), STAT(rej_bad_result), STAT(rej_ring_index),
 	STAT(bpf_bad_ret), STAT(timed_out), STAT(bpf_unfilled),
 	STAT(bpf_pass_zeroes), STAT(held), STAT(reissued), STAT(remapped),
-	STAT(remap_refused),
+	STAT(remap_refused), STAT(remap_waited),
 };
 
 static const struct {
@@ -2203,9 +2203,9 @@ static void stats_text(uint32_t id, const struct hybd_dev_info *info,
 	       (uint64_t)c->bpf_pass_zeroes);
 	printf("held: %" PRIu64 " (requests that arrived while no server was attached)  reissued: %" PRIu64 " (issued again to a new server)\n",
 	       (uint64_t)c->held, (uint64_t)c->reissued);
-	printf("remapped: %" PRIu64 " (%.1f%% of all; served on a backing target, counted in fast path)  remap_refused: %" PRIu64 "\n",
+	printf("remapped: %" PRIu64 " (%.1f%% of all; served on a backing target, counted in fast path)  remap_refused: %" PRIu64 "  remap_waited: %" PRIu64 " (started again where the target may wait)\n",
 	       (uint64_t)c->remapped, share(c->remapped, all),
-	       (uint64_t)c->remap_refused);
+	       (uint64_t)c->remap_refused, (uint64_t)c->remap_waited);
 	putchar('\n');
 	print_histogram("fast path", st->total.fast_lat);
 	print_histogram("slow path", st->total.slow_lat);

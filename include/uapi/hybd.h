@@ -286,7 +286,15 @@ struct hybd_dev_stats {
 	__u64	remapped;
 	/* HYBD_F_REMAP: hybd_bpf_io_remap() calls refused with an errno */
 	__u64	remap_refused;
-	__u64	reserved[7];
+	/*
+	 * HYBD_F_REMAP: remapped reads and writes the target could not start
+	 * without waiting (IOCB_NOWAIT refused: a file system's block
+	 * allocation or locks, a block device out of tags), started again
+	 * from a worker of their own (a reserved 0 in modules that predate
+	 * it)
+	 */
+	__u64	remap_waited;
+	__u64	reserved[6];
 };
 
 /* HYBD_CTL_INFO */
