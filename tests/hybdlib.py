@@ -327,11 +327,12 @@ def fio(args, timeout=T_IO):
     return res.returncode, data, res
 
 
-def fio_verify(dev, bs, per_job, jobs, iodepth=32, engine=None):
+def fio_verify(dev, bs, per_job, jobs, iodepth=32, engine=None, extra=()):
     """fio --verify random read/write on dev: jobs jobs of per_job bytes
-    each (their regions side by side), spread over the CPUs.  Asserts that
-    fio succeeded, that every job wrote and read back all it wrote without
-    an error; returns fio's jobs."""
+    each (their regions side by side), spread over the CPUs, with fio's
+    extra arguments (e.g. --fsync=N).  Asserts that fio succeeded, that
+    every job wrote and read back all it wrote without an error; returns
+    fio's jobs."""
     if engine is None:
         engine = "io_uring" if io_uring_usable() else "libaio"
     cpus = os.cpu_count() or 1
@@ -341,7 +342,7 @@ def fio_verify(dev, bs, per_job, jobs, iodepth=32, engine=None):
         f"--bs={bs}", f"--size={per_job}", f"--offset_increment={per_job}",
         f"--numjobs={jobs}", "--verify=crc32c", "--verify_fatal=1",
         "--do_verify=1", f"--cpus_allowed=0-{cpus - 1}",
-        "--cpus_allowed_policy=split",
+        "--cpus_allowed_policy=split", *extra,
     ])
     assert rc == 0, f"fio exit {rc}\n{res.stderr}\n{res.stdout[-3000:]}"
     assert data is not None, f"fio printed no JSON\n{res.stdout[-3000:]}"

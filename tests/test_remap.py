@@ -15,6 +15,7 @@ import ctypes
 import errno
 import mmap
 import os
+import signal
 import struct
 import subprocess
 
@@ -22,7 +23,7 @@ import pytest
 
 from hybdbpf import (delta, detach_ok, disk_completed_ios, fastpath,  # noqa: F401
                      need_bpf, prog, settle, stats, suite_prog)
-from hybdlib import (LOOP, T_CMD, T_IO, direct_read, direct_write,
+from hybdlib import (LOOP, REPO, T_CMD, T_IO, direct_read, direct_write,
                      first_difference, fio_verify, hybdctl, hybdctl_json,
                      io_errno, loop_device, need_built, need_tool, pattern,
                      record, run, wait_for)
@@ -31,6 +32,7 @@ from test_recovery import Background, let_run, seeded, wait_waiting
 
 MiB = 1 << 20
 BLOCK = 4096
+CHURNDRV = REPO / "tests" / "helpers" / "churndrv"
 
 
 @pytest.fixture(autouse=True)
@@ -520,3 +522,60 @@ def test_memory_the_target_cannot_take_is_refused_and_served(
         detach_ok(srv.dev)
         srv.stop()
 
+
+@pytest.mark.time_limit(900)
+@pytest.mark.parametrize("cache", ["writeback", "writethrough"])
+def test_target_deleted_and_added_again_under_fio_verify(dio_fs, servers,
+                                                         cache):
+    """tests/helpers/churndrv takes its target off (HYBD_SRV_DEL_BACKING)
+    every 30 ms and registers it again 5 ms later, while fio --verify
+    writes, fsyncs and reads back at QD32 on 2 queues.  Remaps in flight
+    on the deleted target end there (it is retired, not dropped), those
+    the kernel refuses while it is off are served by the server, flushes
+    go either way: no error, every block read back as written, the file
+    holds what the device holds, and once the device is gone nothing is
+    left of the retired targets: the file's space comes back."""
+    need_built(CHURNDRV, "tests/helpers/churndrv")
+    mnt, _ = dio_fs
+    size = 32 * MiB
+    target = sparse(mnt / "churn.img", size)
+    cmd = [CHURNDRV, "--bpf", prog("loop"), "--churn-ms", "30",
+           "--gap-ms", "5"]
+    if cache == "writethrough":
+        cmd.append("--no-write-cache")
+    srv = servers.start([*cmd, target])
+    base = stats(srv.dev)
+    for _ in range(3):
+        fio_verify(srv.dev, "16k", "16M", 2, extra=["--fsync=8"])
+    srv.proc.send_signal(signal.SIGUSR1)
+    wait_for(lambda: any(line.startswith("churn stopped:")
+                         for line in srv.out), T_CMD, "the churn to stop")
+    s = delta(stats(srv.dev), base)
+    # both ways, and every refusal was the missing target's
+    assert s["remapped"] > 0 and s["slow_issued"] > 0, s
+    assert s["remap_refused"] >= s["slow_issued"] > 0, s
+    assert (s["fast_errors"], s["slow_errors"], s["bpf_bad_ret"]) == \
+        (0, 0, 0), s
+    if cache == "writeback":
+        assert s["flushes"] > 0, s
+    got = direct_read(srv.dev, 0, size)
+    assert got == file_read(target, 0, size), \
+        first_difference(got, file_read(target, 0, size))
+    srv.stop()
+    line = [x for x in srv.out if x.startswith("churndrv:")]
+    assert line and "errors=0 exit=0" in line[0], srv.output()
+    churns = int(line[0].split("churns=")[1].split()[0])
+    assert churns >= 5, srv.output()
+    record(f"test_target_deleted_and_added_again_under_fio_verify[{cache}]",
+           f"churns={churns} remapped={s['remapped']} "
+           f"served={s['slow_issued']} refused={s['remap_refused']}")
+    wait_for(lambda: not os.path.exists(srv.dev), T_CMD, "device gone")
+
+    # what fio's random writes allocated of the sparse file
+    allocated = os.stat(target).st_blocks * 512
+    assert allocated >= 8 * MiB, allocated
+    before = free_bytes(mnt)
+    os.unlink(target)
+    subprocess.run(["sync"], check=True)
+    wait_for(lambda: free_bytes(mnt) - before >= allocated - MiB, T_CMD,
+             "the unlinked file's space to come back")
