@@ -36,6 +36,7 @@
 #include <linux/fs.h>
 #include <linux/rcupdate.h>
 #include <linux/sched.h>
+#include <linux/sched/mm.h>
 #include <linux/slab.h>
 #include <linux/stat.h>
 #include <linux/uaccess.h>
@@ -555,12 +556,21 @@ void hybd_remap_drop(struct hybd_queue *q, struct hybd_tag *t)
 
 static void hybd_remap_queue(struct hybd_queue *q, struct hybd_tag *t);
 
+/* Start a read or write again from its tag's own work, where it may wait. */
+static void hybd_remap_wait(struct hybd_queue *q, struct hybd_remap *r)
+{
+	hybd_stat_inc(q, remap_waited);
+	queue_work(q->dev->remap_wq, &r->work);
+}
+
 /*
- * One direct I/O call is over (r->ret is set): go on from where it
- * stopped if it made progress short of the end (a file system may do
- * less than asked), else end the request in its completion context, where
- * blk-mq calls hybd_remap_end().  A read that gets nothing more has hit
- * the file's end: the rest reads as zeros there, as with the loop driver.
+ * One direct I/O call is over (r->ret is set): if it was asked not to
+ * wait and could not do without, start it again where it may; go on from
+ * where it stopped if it made progress short of the end (a file system
+ * may do less than asked); else end the request in its completion
+ * context, where blk-mq calls hybd_remap_end().  A read that gets nothing
+ * more has hit the file's end: the rest reads as zeros there, as with the
+ * loop driver.
  */
 static void hybd_remap_put(struct hybd_remap *r)
 {
@@ -574,11 +584,12 @@ static void hybd_remap_put(struct hybd_remap *r)
 		kiocb_end_write(&r->iocb);
 	/*
 	 * It would have waited (at once, or later, as a block device's
-	 * BLK_STS_AGAIN): again, in the tag's own work, where it may.
+	 * BLK_STS_AGAIN), or cannot do without waiting at all (ext4 falling
+	 * back to buffered I/O, a block device that lost REQ_NOWAIT): what it
+	 * may have done is done again, the same bytes at the same place.
 	 */
-	if (r->ret == -EAGAIN && r->nowait) {
-		hybd_stat_inc(q, remap_waited);
-		queue_work(q->dev->remap_wq, &r->work);
+	if (r->nowait && (r->ret == -EAGAIN || r->ret == -EOPNOTSUPP)) {
+		hybd_remap_wait(q, r);
 		return;
 	}
 	if (r->ret > 0 && r->done + r->ret < t->bio.bytes) {
@@ -623,15 +634,41 @@ static bool hybd_remap_cached(struct hybd_tag *t)
 }
 
 /*
+ * Whether @t's I/O on @file, @nr bio_vecs, can be asked not to wait: the
+ * file honours IOCB_NOWAIT and, on a block device, the bio needs no split
+ * (a REQ_NOWAIT bio that would be split fails with BLK_STS_AGAIN).
+ */
+static bool hybd_remap_can_nowait(struct hybd_tag *t, struct file *file,
+				  unsigned int nr)
+{
+	u32 bytes = t->bio.bytes - t->remap.done;
+	struct request_queue *tq;
+
+	if (!(file->f_mode & FMODE_NOWAIT))
+		return false;
+	if (!t->remap.target->bdev)
+		return true;
+	tq = bdev_get_queue(file_bdev(file));
+	/* each bio_vec may split at its pages' ends, and once more */
+	return bytes <= queue_max_bytes(tq) &&
+	       DIV_ROUND_UP(bytes, PAGE_SIZE) + 2 * nr <=
+	       queue_max_segments(tq) &&
+	       !queue_virt_boundary(tq) && !tq->limits.chunk_sectors;
+}
+
+/*
  * A read or write: direct I/O on the request's bio_vecs, from byte
- * r->done on, asynchronous where the target can do it; with IOCB_NOWAIT
- * if @nowait and the target can take it.  The bio_vecs of a request made
+ * r->done on, asynchronous where the target can do it.  If @nowait and
+ * the target can tell, it is asked not to wait (IOCB_NOWAIT, no
+ * allocation that waits, no wait for a frozen file system), and what
+ * would wait goes to the tag's own work.  The bio_vecs of a request made
  * of several bios are gathered into one array first.
  */
 static void hybd_remap_rw(struct hybd_tag *t, bool nowait)
 {
 	struct hybd_remap *r = &t->remap;
 	struct request *rq = t->rq;
+	struct hybd_queue *q = rq->mq_hctx->driver_data;
 	struct file *file = r->target->file;
 	bool write = t->bio.op == HYBD_OP_WRITE;
 	struct req_iterator it;
@@ -643,9 +680,15 @@ static void hybd_remap_rw(struct hybd_tag *t, bool nowait)
 
 	rq_for_each_bvec(bv, rq, it)
 		nr++;
+	r->nowait = nowait && hybd_remap_can_nowait(t, file, nr);
 	if (rq->bio != rq->biotail) {
 		if (!r->bvec) {
-			bvec = kmalloc_array(nr, sizeof(*bvec), GFP_NOIO);
+			bvec = kmalloc_array(nr, sizeof(*bvec), r->nowait ?
+					     GFP_NOWAIT : GFP_NOIO);
+			if (!bvec && r->nowait) {
+				hybd_remap_wait(q, r);
+				return;
+			}
 			if (!bvec) {
 				r->ret = -ENOMEM;
 				blk_mq_complete_request(rq);
@@ -673,21 +716,33 @@ static void hybd_remap_rw(struct hybd_tag *t, bool nowait)
 	/* without a write cache, what a write completed must stay */
 	if (write && ((rq->cmd_flags & REQ_FUA) || !hybd_remap_cached(t)))
 		r->iocb.ki_flags |= IOCB_DSYNC;
-	r->nowait = nowait && (file->f_mode & FMODE_NOWAIT);
 	if (r->nowait)
 		r->iocb.ki_flags |= IOCB_NOWAIT;
 	r->iocb.ki_ioprio = req_get_ioprio(rq);
 	r->iocb.ki_complete = hybd_remap_rw_done;
+	if (write && !r->target->bdev) {
+		struct super_block *sb = file_inode(file)->i_sb;
+
+		/*
+		 * Freeze protection is a regular file's, as aio takes it
+		 * (kiocb_start_write()); a frozen file system is waited for
+		 * in the tag's own work.
+		 */
+		if (r->nowait && !sb_start_write_trylock(sb)) {
+			hybd_remap_wait(q, r);
+			return;
+		}
+		if (!r->nowait)
+			sb_start_write(sb);
+		/* held until kiocb_end_write(), maybe in another context */
+		__sb_writers_release(sb, SB_FREEZE_WRITE);
+	}
 	/* the bio_vec array must outlive the call even if the I/O is done */
 	atomic_set(&r->ref, 2);
-	if (write) {
-		/* freeze protection is a regular file's, as aio does it */
-		if (!r->target->bdev)
-			kiocb_start_write(&r->iocb);
+	if (write)
 		ret = file->f_op->write_iter(&r->iocb, &iter);
-	} else {
+	else
 		ret = file->f_op->read_iter(&r->iocb, &iter);
-	}
 	hybd_remap_put(r);
 	if (ret != -EIOCBQUEUED)
 		hybd_remap_rw_done(&r->iocb, ret);
@@ -773,19 +828,14 @@ static int hybd_remap_fallocate(struct hybd_tag *t)
  * and a write that falls back to the page cache is throttled against its
  * own dirty pages only, not against those the device is there to write.
  */
-#define HYBD_REMAP_PF	(PF_MEMALLOC_NOIO | PF_LOCAL_THROTTLE)
-
 static unsigned int hybd_remap_worker_enter(void)
 {
-	unsigned int pflags = current->flags & HYBD_REMAP_PF;
-
-	current->flags |= HYBD_REMAP_PF;
-	return pflags;
+	return memalloc_flags_save(PF_MEMALLOC_NOIO | PF_LOCAL_THROTTLE);
 }
 
 static void hybd_remap_worker_exit(unsigned int pflags)
 {
-	current_restore_flags(pflags, HYBD_REMAP_PF);
+	memalloc_flags_restore(pflags);
 }
 
 /*
@@ -823,15 +873,13 @@ static void hybd_remap_work(struct work_struct *work)
  * it came.  Targets that can say they would wait (FMODE_NOWAIT: most file
  * systems, block devices) are asked not to, and what would wait goes to
  * its tag's own work.  Others are called as they are, as the loop driver
- * calls its file: one that does the I/O in the call (tmpfs: a copy; FUSE)
- * keeps the rest of the batch waiting meanwhile.  Requests that came in
- * since queued this work again: one batch a run, so that the rescuer of a
+ * calls its file: whatever one does in the call (tmpfs: the copy) keeps
+ * the rest of the batch waiting meanwhile.  Requests that came in since
+ * queued a work again: one batch a run, so that the rescuer of a
  * workqueue under memory pressure moves on to the other queues' works.
  */
-static void hybd_remap_queue_work(struct work_struct *work)
+static void hybd_remap_batch(struct hybd_queue *q)
 {
-	struct hybd_queue *q = container_of(work, struct hybd_queue,
-					    remap_work);
 	unsigned int pflags = hybd_remap_worker_enter();
 	struct hybd_remap *r, *next;
 	struct llist_node *list;
@@ -848,14 +896,34 @@ static void hybd_remap_queue_work(struct work_struct *work)
 	hybd_remap_worker_exit(pflags);
 }
 
+static void hybd_remap_batch_work(struct work_struct *work)
+{
+	hybd_remap_batch(container_of(work, struct hybd_queue, remap_work));
+}
+
+static void hybd_remap_local_work(struct work_struct *work)
+{
+	hybd_remap_batch(container_of(work, struct hybd_queue,
+				      remap_local_work));
+}
+
 /*
- * Queue a read or write for its queue's worker (any context): the first
- * on an empty list queues the work, which takes those that follow.
+ * Queue a read or write for its queue's workers (any context): the first
+ * on an empty list queues a work, which takes those that follow.  A
+ * request alone on its queue is started on the CPU that queued it, where
+ * the submitter waits for it: no other CPU to wake.  Under load, batches
+ * go to an unbound worker, so that what the target does in the call (a
+ * copy) runs beside the submitters, as in the loop driver.  Both may run
+ * at once, on separate batches.
  */
 static void hybd_remap_queue(struct hybd_queue *q, struct hybd_tag *t)
 {
-	if (llist_add(&t->remap.node, &q->remap_list))
-		queue_work(q->dev->remap_wq, &q->remap_work);
+	if (!llist_add(&t->remap.node, &q->remap_list))
+		return;
+	if (atomic_read(&q->remaps) == 1)
+		queue_work(q->dev->remap_local_wq, &q->remap_local_work);
+	else
+		queue_work(q->dev->remap_batch_wq, &q->remap_work);
 }
 
 void hybd_remap_init_queue(struct hybd_queue *q)
@@ -863,7 +931,9 @@ void hybd_remap_init_queue(struct hybd_queue *q)
 	unsigned int i;
 
 	init_llist_head(&q->remap_list);
-	INIT_WORK(&q->remap_work, hybd_remap_queue_work);
+	atomic_set(&q->remaps, 0);
+	INIT_WORK(&q->remap_work, hybd_remap_batch_work);
+	INIT_WORK(&q->remap_local_work, hybd_remap_local_work);
 	for (i = 0; i < q->dev->params.basic.queue_depth; i++)
 		INIT_WORK(&q->tags[i].remap.work, hybd_remap_work);
 }
@@ -880,11 +950,16 @@ void hybd_remap_start(struct hybd_queue *q, struct hybd_tag *t)
 	t->remap.ret = 0;
 	t->remap.done = 0;
 	WRITE_ONCE(t->state, HYBD_TAG_REMAP);
-	if (t->bio.op == HYBD_OP_READ || t->bio.op == HYBD_OP_WRITE)
+	if (t->bio.op == HYBD_OP_READ || t->bio.op == HYBD_OP_WRITE) {
+		atomic_inc(&q->remaps);
 		hybd_remap_queue(q, t);
-	else
-		/* the tag's last remap has ended: its work cannot be pending */
+	} else {
+		/*
+		 * The tag's last remap has ended: its work is not pending (it
+		 * may still be running, to its end; it is queued again).
+		 */
 		WARN_ON_ONCE(!queue_work(q->dev->remap_wq, &t->remap.work));
+	}
 }
 
 /**
@@ -905,6 +980,7 @@ int hybd_remap_end(struct hybd_queue *q, struct request *rq)
 	int err = 0;
 
 	if (t->bio.op == HYBD_OP_READ || t->bio.op == HYBD_OP_WRITE) {
+		atomic_dec(&q->remaps);
 		if (ret < 0)
 			err = ret;
 		else if (ret < t->bio.bytes && t->bio.op == HYBD_OP_WRITE)

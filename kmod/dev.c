@@ -154,6 +154,10 @@ static void hybd_dev_free(struct kref *ref)
 	unsigned int i;
 
 	/* the tails of the last remap works (the requests are all over) */
+	if (dev->remap_local_wq)
+		destroy_workqueue(dev->remap_local_wq);
+	if (dev->remap_batch_wq)
+		destroy_workqueue(dev->remap_batch_wq);
 	if (dev->remap_wq)
 		destroy_workqueue(dev->remap_wq);
 	hybd_backing_free_retired(dev);
@@ -324,14 +328,20 @@ struct hybd_dev *hybd_dev_create(const struct hybd_params *p, u32 id)
 	/*
 	 * Unbound, as loop's: a file system may do a remap's I/O in the
 	 * worker (a copy, a page cache fill), which should not take the
-	 * submitting CPU.  Each queue's reads and writes start from one
-	 * work of the queue's; what may wait (a flush, a read or write that
-	 * would block) runs in a work of its tag's, beside it.
+	 * submitting CPU under load.  Each queue's reads and writes start
+	 * in batches (backing.c); what may wait (a flush, a read or write
+	 * that would block) runs in a work of its tag's, beside them.
 	 */
 	dev->remap_wq = alloc_workqueue("hybd%u_remap",
 					WQ_MEM_RECLAIM | WQ_UNBOUND | WQ_HIGHPRI,
 					0, dev->id);
-	if (!dev->remap_wq) {
+	dev->remap_batch_wq = alloc_workqueue("hybd%u_batch",
+					      WQ_MEM_RECLAIM | WQ_UNBOUND |
+					      WQ_HIGHPRI, 0, dev->id);
+	dev->remap_local_wq = alloc_workqueue("hybd%u_local",
+					      WQ_MEM_RECLAIM | WQ_HIGHPRI, 0,
+					      dev->id);
+	if (!dev->remap_wq || !dev->remap_batch_wq || !dev->remap_local_wq) {
 		ret = -ENOMEM;
 		goto out_id;
 	}

@@ -155,12 +155,15 @@ struct hybd_queue {
 	bool			efd_armed;
 
 	/*
-	 * Remapped reads and writes wait here for @remap_work, which starts
-	 * the batch it finds one after another, without waiting where the
-	 * target can say so: one worker's wakeup for a whole batch.
+	 * Remapped reads and writes wait here for @remap_local_work (one
+	 * alone on the queue: on its CPU) or @remap_work (unbound), which
+	 * start the batch they find one after another, without waiting where
+	 * the target can say so: one worker's wakeup for a whole batch.
 	 */
 	struct llist_head	remap_list;
+	atomic_t		remaps;		/* reads, writes in flight */
 	struct work_struct	remap_work;
+	struct work_struct	remap_local_work;
 };
 
 struct hybd_dev {
@@ -230,11 +233,17 @@ struct hybd_dev {
 	/* every remap holds it from its submit() to its end: the barrier */
 	struct srcu_struct	remap_srcu;
 	/*
-	 * remaps start their backing I/O here: the device's own, with a
-	 * rescuer, as loop has, so that one device's I/O stacked on
-	 * another's never waits behind it for a worker
+	 * Remaps start their backing I/O from the device's own workqueues,
+	 * each with a rescuer, as loop has, so that one device's I/O stacked
+	 * on another's never waits behind it for a worker: @remap_wq for
+	 * what may wait (a tag's own work), @remap_batch_wq and
+	 * @remap_local_wq for the queues' batches (unbound, and on the CPU
+	 * that queued them), so that works that wait never hold a batch
+	 * back for want of a worker.
 	 */
 	struct workqueue_struct	*remap_wq;
+	struct workqueue_struct	*remap_batch_wq;
+	struct workqueue_struct	*remap_local_wq;
 
 	/* the BPF fast path; written under hybd_bpf_lock, read under RCU */
 	struct hybd_bpf_prog __rcu *bpf_prog;

@@ -449,17 +449,27 @@ def pages_apart(m, first, pages):
     base = ctypes.addressof(ref)
     del ref     # m can be closed again
     size = mmap.PAGESIZE
-    for i in range(first, first + pages):
-        m[i * size] = 1
-        for _ in range(100):
-            if i == first or pfn_of(base + i * size) != \
-                    pfn_of(base + (i - 1) * size) + 1:
-                break
-            # a fresh frame for this page
-            m.madvise(mmap.MADV_DONTNEED, i * size, size)
+    spacers = []
+    try:
+        for i in range(first, first + pages):
             m[i * size] = 1
-        else:
-            pytest.fail(f"page {i} stays next to page {i - 1}")
+            for _ in range(100):
+                if i == first or pfn_of(base + i * size) != \
+                        pfn_of(base + (i - 1) * size) + 1:
+                    break
+                # another frame for this page: the one it lets go of
+                # would come straight back, so a spacer page takes it
+                m.madvise(mmap.MADV_DONTNEED, i * size, size)
+                spacer = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE |
+                                   mmap.MAP_ANONYMOUS)
+                spacer[0] = 1
+                spacers.append(spacer)
+                m[i * size] = 1
+            else:
+                pytest.fail(f"page {i} stays next to page {i - 1}")
+    finally:
+        for spacer in spacers:
+            spacer.close()
 
 
 def dio_at_buffer_offset(dev, offset, length, buf_off, data=None):

@@ -103,8 +103,8 @@
 #define HYBD_F_BACKING		(1ULL << 11)
 /*
  * The remap fast path (offered with HYBD_F_BPF and HYBD_F_BACKING):
- * hybd_bpf_io_remap(), HYBD_BPF_REMAPPED, hybd_bpf_io.path, the remapped
- * and remap_refused counters, and HYBD_SRV_REMAP_BARRIER.
+ * hybd_bpf_io_remap(), HYBD_BPF_REMAPPED, hybd_bpf_io.path, the remapped,
+ * remap_refused and remap_waited counters, and HYBD_SRV_REMAP_BARRIER.
  */
 #define HYBD_F_REMAP		(1ULL << 12)
 
@@ -287,11 +287,11 @@ struct hybd_dev_stats {
 	/* HYBD_F_REMAP: hybd_bpf_io_remap() calls refused with an errno */
 	__u64	remap_refused;
 	/*
-	 * HYBD_F_REMAP: remapped reads and writes the target could not start
-	 * without waiting (IOCB_NOWAIT refused: a file system's block
-	 * allocation or locks, a block device out of tags), started again
-	 * from a worker of their own (a reserved 0 in modules that predate
-	 * it)
+	 * HYBD_F_REMAP: times a remapped read or write asked not to wait
+	 * (IOCB_NOWAIT) could not start without it (a file system that must
+	 * allocate blocks or take a lock, a block device out of tags) and
+	 * was started again from a worker of its own, where it may wait (a
+	 * module that predates the counter leaves it 0)
 	 */
 	__u64	remap_waited;
 	__u64	reserved[6];
