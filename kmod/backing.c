@@ -554,7 +554,8 @@ void hybd_remap_drop(struct hybd_queue *q, struct hybd_tag *t)
 	srcu_up_read(&q->dev->remap_srcu, t->remap.srcu_idx);
 }
 
-static void hybd_remap_queue(struct hybd_queue *q, struct hybd_tag *t);
+static void hybd_remap_queue(struct hybd_queue *q, struct hybd_tag *t,
+			     bool last);
 
 /* Start a read or write again from its tag's own work, where it may wait. */
 static void hybd_remap_wait(struct hybd_queue *q, struct hybd_remap *r)
@@ -604,7 +605,7 @@ static void hybd_remap_put(struct hybd_remap *r)
 			done = round_down(done, r->target->dio_align);
 		if (done > r->done && IS_ALIGNED(done, r->target->dio_align)) {
 			r->done = done;
-			hybd_remap_queue(q, t);
+			hybd_remap_queue(q, t, true);
 			return;
 		}
 	}
@@ -910,17 +911,19 @@ static void hybd_remap_local_work(struct work_struct *work)
 /*
  * Queue a read or write for its queue's workers (any context): the first
  * on an empty list queues a work, which takes those that follow.  A
- * request alone on its queue is started on the CPU that queued it, where
- * the submitter waits for it: no other CPU to wake.  Under load, batches
- * go to an unbound worker, so that what the target does in the call (a
+ * request alone on its queue (no other in flight, and none behind it in
+ * its dispatch: @last) is started on the CPU that queued it, where the
+ * submitter waits for it: no other CPU to wake.  Under load, batches go
+ * to an unbound worker, so that what the target does in the call (a
  * copy) runs beside the submitters, as in the loop driver.  Both may run
  * at once, on separate batches.
  */
-static void hybd_remap_queue(struct hybd_queue *q, struct hybd_tag *t)
+static void hybd_remap_queue(struct hybd_queue *q, struct hybd_tag *t,
+			     bool last)
 {
 	if (!llist_add(&t->remap.node, &q->remap_list))
 		return;
-	if (atomic_read(&q->remaps) == 1)
+	if (last && atomic_read(&q->remaps) == 1)
 		queue_work(q->dev->remap_local_wq, &q->remap_local_work);
 	else
 		queue_work(q->dev->remap_batch_wq, &q->remap_work);
@@ -942,17 +945,18 @@ void hybd_remap_init_queue(struct hybd_queue *q)
  * hybd_remap_start() - serve a remapped request
  * @q: its queue
  * @t: its tag, remapped by submit()
+ * @last: no other request follows it in this dispatch (bd->last)
  *
  * Context: queue_rq; does not sleep (the I/O starts in a worker).
  */
-void hybd_remap_start(struct hybd_queue *q, struct hybd_tag *t)
+void hybd_remap_start(struct hybd_queue *q, struct hybd_tag *t, bool last)
 {
 	t->remap.ret = 0;
 	t->remap.done = 0;
 	WRITE_ONCE(t->state, HYBD_TAG_REMAP);
 	if (t->bio.op == HYBD_OP_READ || t->bio.op == HYBD_OP_WRITE) {
 		atomic_inc(&q->remaps);
-		hybd_remap_queue(q, t);
+		hybd_remap_queue(q, t, last);
 	} else {
 		/*
 		 * The tag's last remap has ended: its work is not pending (it

@@ -322,7 +322,7 @@ static blk_status_t hybd_queue_rq(struct blk_mq_hw_ctx *hctx,
 	else
 		ret = hybd_bpf_submit(q, t);
 	if (ret == HYBD_BPF_REMAPPED) {
-		hybd_remap_start(q, t);
+		hybd_remap_start(q, t, bd->last);
 		if (bd->last)
 			hybd_end_batch(q);
 		return BLK_STS_OK;

@@ -322,7 +322,7 @@ void hybd_remap_init_queue(struct hybd_queue *q);
 int hybd_remap_prepare(struct hybd_queue *q, struct hybd_tag *t, u32 index,
 		       u64 offset);
 void hybd_remap_drop(struct hybd_queue *q, struct hybd_tag *t);
-void hybd_remap_start(struct hybd_queue *q, struct hybd_tag *t);
+void hybd_remap_start(struct hybd_queue *q, struct hybd_tag *t, bool last);
 int hybd_remap_end(struct hybd_queue *q, struct request *rq);
 
 /* ring.c */
