@@ -635,26 +635,47 @@ static bool hybd_remap_cached(struct hybd_tag *t)
 }
 
 /*
- * Whether @t's I/O on @file, @nr bio_vecs, can be asked not to wait: the
- * file honours IOCB_NOWAIT and, on a block device, the bio needs no split
- * (a REQ_NOWAIT bio that would be split fails with BLK_STS_AGAIN).
+ * Whether @t's I/O on @file can be asked not to wait: the file honours
+ * IOCB_NOWAIT and, on a block device, the bio needs no split (a REQ_NOWAIT
+ * bio that would be split fails with BLK_STS_AGAIN): within the size the
+ * target takes (a split rounds down to a physical block), no gap its
+ * virtual boundary refuses, no more segments than it takes.  The target's
+ * limits are read as they are: one changing meanwhile costs a retry.
  */
-static bool hybd_remap_can_nowait(struct hybd_tag *t, struct file *file,
-				  unsigned int nr)
+static bool hybd_remap_can_nowait(struct hybd_tag *t, struct file *file)
 {
 	u32 bytes = t->bio.bytes - t->remap.done;
+	unsigned int segs = 0, pages, off;
 	struct request_queue *tq;
+	struct req_iterator it;
+	unsigned long vmask;
+	struct bio_vec bv;
+	u32 prev_end = 0;
 
 	if (!(file->f_mode & FMODE_NOWAIT))
 		return false;
 	if (!t->remap.target->bdev)
 		return true;
 	tq = bdev_get_queue(file_bdev(file));
-	/* each bio_vec may split at its pages' ends, and once more */
-	return bytes <= queue_max_bytes(tq) &&
-	       DIV_ROUND_UP(bytes, PAGE_SIZE) + 2 * nr <=
-	       queue_max_segments(tq) &&
-	       !queue_virt_boundary(tq) && !tq->limits.chunk_sectors;
+	if (bytes + queue_physical_block_size(tq) - SECTOR_SIZE >
+	    queue_max_bytes(tq) || tq->limits.chunk_sectors)
+		return false;
+	vmask = queue_virt_boundary(tq);
+	rq_for_each_bvec(bv, t->rq, it) {
+		if (vmask && segs && ((prev_end & vmask) ||
+				      (bv.bv_offset & vmask)))
+			return false;
+		prev_end = bv.bv_offset + bv.bv_len;
+		/*
+		 * A segment holds at least a page and its boundaries are
+		 * page-aligned or wider: within a page, one; else at most
+		 * two a page.
+		 */
+		off = offset_in_page(bv.bv_offset);
+		pages = DIV_ROUND_UP(off + bv.bv_len, PAGE_SIZE);
+		segs += pages == 1 ? 1 : 2 * pages;
+	}
+	return segs <= queue_max_segments(tq);
 }
 
 /*
@@ -681,12 +702,12 @@ static void hybd_remap_rw(struct hybd_tag *t, bool nowait)
 
 	rq_for_each_bvec(bv, rq, it)
 		nr++;
-	r->nowait = nowait && hybd_remap_can_nowait(t, file, nr);
+	r->nowait = nowait && hybd_remap_can_nowait(t, file);
 	if (rq->bio != rq->biotail) {
 		if (!r->bvec) {
-			bvec = kmalloc_array(nr, sizeof(*bvec), r->nowait ?
+			bvec = kmalloc_array(nr, sizeof(*bvec), nowait ?
 					     GFP_NOWAIT : GFP_NOIO);
-			if (!bvec && r->nowait) {
+			if (!bvec && nowait) {
 				hybd_remap_wait(q, r);
 				return;
 			}
@@ -713,7 +734,8 @@ static void hybd_remap_rw(struct hybd_tag *t, bool nowait)
 	memset(&r->iocb, 0, sizeof(r->iocb));
 	r->iocb.ki_filp = file;
 	r->iocb.ki_pos = r->pos + r->done;
-	r->iocb.ki_flags = IOCB_DIRECT;
+	/* IOCB_WRITE: a stacked file (overlayfs) ends its freeze protection */
+	r->iocb.ki_flags = IOCB_DIRECT | (write ? IOCB_WRITE : 0);
 	/* without a write cache, what a write completed must stay */
 	if (write && ((rq->cmd_flags & REQ_FUA) || !hybd_remap_cached(t)))
 		r->iocb.ki_flags |= IOCB_DSYNC;
@@ -726,14 +748,14 @@ static void hybd_remap_rw(struct hybd_tag *t, bool nowait)
 
 		/*
 		 * Freeze protection is a regular file's, as aio takes it
-		 * (kiocb_start_write()); a frozen file system is waited for
-		 * in the tag's own work.
+		 * (kiocb_start_write()); the batch never waits for a frozen
+		 * file system, the tag's own work does.
 		 */
-		if (r->nowait && !sb_start_write_trylock(sb)) {
+		if (nowait && !sb_start_write_trylock(sb)) {
 			hybd_remap_wait(q, r);
 			return;
 		}
-		if (!r->nowait)
+		if (!nowait)
 			sb_start_write(sb);
 		/* held until kiocb_end_write(), maybe in another context */
 		__sb_writers_release(sb, SB_FREEZE_WRITE);
@@ -902,18 +924,38 @@ static void hybd_remap_batch_work(struct work_struct *work)
 	hybd_remap_batch(container_of(work, struct hybd_queue, remap_work));
 }
 
+/*
+ * A request alone on its queue, started on its CPU.  Whatever joined it
+ * before this ran goes to the unbound worker: a burst never stays on one
+ * CPU, behind a submitter that may not let the worker run.
+ */
 static void hybd_remap_local_work(struct work_struct *work)
 {
-	hybd_remap_batch(container_of(work, struct hybd_queue,
-				      remap_local_work));
+	struct hybd_queue *q = container_of(work, struct hybd_queue,
+					    remap_local_work);
+	struct llist_node *first, *last;
+	unsigned int pflags;
+
+	first = llist_reverse_order(llist_del_all(&q->remap_list));
+	if (!first)
+		return;
+	if (first->next) {
+		for (last = first->next; last->next; last = last->next)
+			;
+		if (llist_add_batch(first->next, last, &q->remap_list))
+			queue_work(q->dev->remap_batch_wq, &q->remap_work);
+	}
+	pflags = hybd_remap_worker_enter();
+	hybd_remap_rw(container_of(first, struct hybd_tag, remap.node), true);
+	hybd_remap_worker_exit(pflags);
 }
 
 /*
  * Queue a read or write for its queue's workers (any context): the first
  * on an empty list queues a work, which takes those that follow.  A
  * request alone on its queue (no other in flight, and none behind it in
- * its dispatch: @last) is started on the CPU that queued it, where the
- * submitter waits for it: no other CPU to wake.  Under load, batches go
+ * its dispatch: @last) is started by a worker of the CPU that queued it,
+ * mostly the submitter's, which waits for it: no other CPU to wake.  Under load, batches go
  * to an unbound worker, so that what the target does in the call (a
  * copy) runs beside the submitters, as in the loop driver.  Both may run
  * at once, on separate batches.
@@ -984,7 +1026,7 @@ int hybd_remap_end(struct hybd_queue *q, struct request *rq)
 	int err = 0;
 
 	if (t->bio.op == HYBD_OP_READ || t->bio.op == HYBD_OP_WRITE) {
-		atomic_dec(&q->remaps);
+		WARN_ON_ONCE(atomic_dec_return(&q->remaps) < 0);
 		if (ret < 0)
 			err = ret;
 		else if (ret < t->bio.bytes && t->bio.op == HYBD_OP_WRITE)

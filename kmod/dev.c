@@ -326,11 +326,12 @@ struct hybd_dev *hybd_dev_create(const struct hybd_params *p, u32 id)
 	if (ret)
 		goto out_tag_set;
 	/*
-	 * Unbound, as loop's: a file system may do a remap's I/O in the
-	 * worker (a copy, a page cache fill), which should not take the
-	 * submitting CPU under load.  Each queue's reads and writes start
-	 * in batches (backing.c); what may wait (a flush, a read or write
-	 * that would block) runs in a work of its tag's, beside them.
+	 * Each queue's reads and writes start in batches (backing.c): under
+	 * load from an unbound worker, as loop's, since a file system may do
+	 * a remap's I/O in the worker (a copy, a page cache fill), which
+	 * should not take the submitting CPU; a request alone from a worker
+	 * of its CPU.  What may wait (a flush, a read or write that would
+	 * block) runs in a work of its tag's, beside them.
 	 */
 	dev->remap_wq = alloc_workqueue("hybd%u_remap",
 					WQ_MEM_RECLAIM | WQ_UNBOUND | WQ_HIGHPRI,

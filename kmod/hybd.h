@@ -234,8 +234,8 @@ struct hybd_dev {
 	struct srcu_struct	remap_srcu;
 	/*
 	 * Remaps start their backing I/O from the device's own workqueues,
-	 * each with a rescuer, as loop has, so that one device's I/O stacked
-	 * on another's never waits behind it for a worker: @remap_wq for
+	 * each with a rescuer, so that under memory pressure one device's
+	 * I/O stacked on another's never waits for a worker: @remap_wq for
 	 * what may wait (a tag's own work), @remap_batch_wq and
 	 * @remap_local_wq for the queues' batches (unbound, and on the CPU
 	 * that queued them), so that works that wait never hold a batch

@@ -289,9 +289,11 @@ struct hybd_dev_stats {
 	/*
 	 * HYBD_F_REMAP: times a remapped read or write asked not to wait
 	 * (IOCB_NOWAIT) could not start without it (a file system that must
-	 * allocate blocks or take a lock, a block device out of tags) and
-	 * was started again from a worker of its own, where it may wait (a
-	 * module that predates the counter leaves it 0)
+	 * allocate blocks, take a lock, or fall back to buffered I/O, a
+	 * frozen file system, a block device out of tags or needing a
+	 * split, no memory at once) and was started again from a worker of
+	 * its own, where it may wait (a module that predates the counter
+	 * leaves it 0)
 	 */
 	__u64	remap_waited;
 	__u64	reserved[6];
