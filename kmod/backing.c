@@ -206,6 +206,12 @@ static bool hybd_remap_writes(u32 op)
 	return op != HYBD_OP_READ && op != HYBD_OP_FLUSH;
 }
 
+/* Whether @op is a read or write: direct I/O, started from a batch. */
+static bool hybd_remap_is_rw(u32 op)
+{
+	return op == HYBD_OP_READ || op == HYBD_OP_WRITE;
+}
+
 /* Whether remapped writes on @t completed since its last sync. */
 static bool hybd_backing_dirty(struct hybd_backing *t)
 {
@@ -507,7 +513,7 @@ int hybd_remap_prepare(struct hybd_queue *q, struct hybd_tag *t, u32 index,
 		/* io->bytes is whole device blocks, which @b can take */
 		if (!IS_ALIGNED(offset, b->dio_align))
 			goto out_put;
-		if ((io->op == HYBD_OP_READ || io->op == HYBD_OP_WRITE) &&
+		if (hybd_remap_is_rw(io->op) &&
 		    !hybd_remap_mem_ok(t->rq, b))
 			goto out_put;
 		/*
@@ -900,14 +906,27 @@ static void hybd_remap_work(struct work_struct *work)
  * the rest of the batch waiting meanwhile.  Requests that came in since
  * queued a work again: one batch a run, so that the rescuer of a
  * workqueue under memory pressure moves on to the other queues' works.
+ *
+ * A request queued @alone (the local work, on its CPU) is started alone:
+ * whatever joined it before this ran goes to the unbound worker, so that
+ * a burst never stays on one CPU, behind a submitter that may not let
+ * the worker run.
  */
-static void hybd_remap_batch(struct hybd_queue *q)
+static void hybd_remap_batch(struct hybd_queue *q, bool alone)
 {
-	unsigned int pflags = hybd_remap_worker_enter();
+	struct llist_node *list, *last;
 	struct hybd_remap *r, *next;
-	struct llist_node *list;
+	unsigned int pflags;
 
 	list = llist_reverse_order(llist_del_all(&q->remap_list));
+	if (alone && list && list->next) {
+		for (last = list->next; last->next; last = last->next)
+			;
+		if (llist_add_batch(list->next, last, &q->remap_list))
+			queue_work(q->dev->remap_batch_wq, &q->remap_work);
+		list->next = NULL;
+	}
+	pflags = hybd_remap_worker_enter();
 	/*
 	 * A tag may be remapped again, or go on from a short I/O, as soon as
 	 * it is started: the next node is read before it starts.
@@ -921,33 +940,14 @@ static void hybd_remap_batch(struct hybd_queue *q)
 
 static void hybd_remap_batch_work(struct work_struct *work)
 {
-	hybd_remap_batch(container_of(work, struct hybd_queue, remap_work));
+	hybd_remap_batch(container_of(work, struct hybd_queue, remap_work),
+			 false);
 }
 
-/*
- * A request alone on its queue, started on its CPU.  Whatever joined it
- * before this ran goes to the unbound worker: a burst never stays on one
- * CPU, behind a submitter that may not let the worker run.
- */
 static void hybd_remap_local_work(struct work_struct *work)
 {
-	struct hybd_queue *q = container_of(work, struct hybd_queue,
-					    remap_local_work);
-	struct llist_node *first, *last;
-	unsigned int pflags;
-
-	first = llist_reverse_order(llist_del_all(&q->remap_list));
-	if (!first)
-		return;
-	if (first->next) {
-		for (last = first->next; last->next; last = last->next)
-			;
-		if (llist_add_batch(first->next, last, &q->remap_list))
-			queue_work(q->dev->remap_batch_wq, &q->remap_work);
-	}
-	pflags = hybd_remap_worker_enter();
-	hybd_remap_rw(container_of(first, struct hybd_tag, remap.node), true);
-	hybd_remap_worker_exit(pflags);
+	hybd_remap_batch(container_of(work, struct hybd_queue,
+				      remap_local_work), true);
 }
 
 /*
@@ -955,10 +955,10 @@ static void hybd_remap_local_work(struct work_struct *work)
  * on an empty list queues a work, which takes those that follow.  A
  * request alone on its queue (no other in flight, and none behind it in
  * its dispatch: @last) is started by a worker of the CPU that queued it,
- * mostly the submitter's, which waits for it: no other CPU to wake.  Under load, batches go
- * to an unbound worker, so that what the target does in the call (a
- * copy) runs beside the submitters, as in the loop driver.  Both may run
- * at once, on separate batches.
+ * mostly the submitter's, which waits for it: no other CPU to wake.
+ * Under load, batches go to an unbound worker, so that what the target
+ * does in the call (a copy) runs beside the submitters, as in the loop
+ * driver.  Both may run at once, on separate batches.
  */
 static void hybd_remap_queue(struct hybd_queue *q, struct hybd_tag *t,
 			     bool last)
@@ -996,7 +996,7 @@ void hybd_remap_start(struct hybd_queue *q, struct hybd_tag *t, bool last)
 	t->remap.ret = 0;
 	t->remap.done = 0;
 	WRITE_ONCE(t->state, HYBD_TAG_REMAP);
-	if (t->bio.op == HYBD_OP_READ || t->bio.op == HYBD_OP_WRITE) {
+	if (hybd_remap_is_rw(t->bio.op)) {
 		atomic_inc(&q->remaps);
 		hybd_remap_queue(q, t, last);
 	} else {
@@ -1025,7 +1025,7 @@ int hybd_remap_end(struct hybd_queue *q, struct request *rq)
 	long ret = r->ret;
 	int err = 0;
 
-	if (t->bio.op == HYBD_OP_READ || t->bio.op == HYBD_OP_WRITE) {
+	if (hybd_remap_is_rw(t->bio.op)) {
 		WARN_ON_ONCE(atomic_dec_return(&q->remaps) < 0);
 		if (ret < 0)
 			err = ret;

@@ -201,9 +201,18 @@ def register_unlinked(s, mnt):
     return index, before
 
 
-def wait_freed(mnt, before):
-    wait_for(lambda: free_bytes(mnt) - before >= 30 * MiB, T_CMD,
+def wait_freed(mnt, before, want=30 * MiB):
+    wait_for(lambda: free_bytes(mnt) - before >= want, T_CMD,
              "the unlinked file's space to come back")
+
+
+def unlink_and_wait_freed(mnt, path, want=30 * MiB):
+    """Unlink path, a file of mnt nothing else holds open any more, and
+    wait for want bytes of its space to come back."""
+    before = free_bytes(mnt)
+    os.unlink(path)
+    subprocess.run(["sync"], check=True)
+    wait_freed(mnt, before, want)
 
 
 def test_backing_reference_goes_with_the_server_node(dio_fs, served):

@@ -27,7 +27,7 @@ from hybdlib import (LOOP, REPO, T_CMD, T_IO, direct_read, direct_write,
                      first_difference, fio_verify, hybdctl, hybdctl_json,
                      io_errno, loop_device, need_built, need_tool, pattern,
                      record, run, wait_for)
-from test_backing import dio_fs, free_bytes  # noqa: F401 (fixture)
+from test_backing import dio_fs, unlink_and_wait_freed  # noqa: F401 (fixture)
 from test_recovery import Background, let_run, seeded, wait_waiting
 
 MiB = 1 << 20
@@ -254,11 +254,7 @@ def test_server_death_with_remaps_in_flight(dio_fs, servers, fastpath):
     assert rc == 0, out + err
     wait_for(lambda: not os.path.exists(srv.dev), T_CMD, "device gone")
 
-    before = free_bytes(mnt)
-    os.unlink(target)
-    subprocess.run(["sync"], check=True)
-    wait_for(lambda: free_bytes(mnt) - before >= 30 * MiB, T_CMD,
-             "the unlinked file's space to come back")
+    unlink_and_wait_freed(mnt, target)
 
 
 @pytest.mark.time_limit(900)
@@ -441,20 +437,20 @@ def pfn_of(addr):
     return entry & ((1 << 55) - 1)
 
 
-def pages_apart(m, first, pages):
-    """Fault in pages first .. first + pages - 1 of mmap m, each in a
-    page frame that does not follow its neighbour's: a buffer across them
-    is then as many segments as pages, never merged into one."""
+def pages_apart(m, pages):
+    """Fault in the first pages pages of mmap m, each in a page frame that
+    does not follow its neighbour's: a buffer across them is then as many
+    segments as pages, never merged into one."""
     ref = ctypes.c_char.from_buffer(m)
     base = ctypes.addressof(ref)
     del ref     # m can be closed again
     size = mmap.PAGESIZE
     spacers = []
     try:
-        for i in range(first, first + pages):
+        for i in range(pages):
             m[i * size] = 1
             for _ in range(100):
-                if i == first or pfn_of(base + i * size) != \
+                if i == 0 or pfn_of(base + i * size) != \
                         pfn_of(base + (i - 1) * size) + 1:
                     break
                 # another frame for this page: the one it lets go of
@@ -480,7 +476,7 @@ def dio_at_buffer_offset(dev, offset, length, buf_off, data=None):
     pages = (buf_off + length + mmap.PAGESIZE - 1) // mmap.PAGESIZE
     m = mmap.mmap(-1, pages * mmap.PAGESIZE,
                   flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    pages_apart(m, 0, pages)
+    pages_apart(m, pages)
     fd = os.open(dev, (os.O_RDWR if data else os.O_RDONLY) | os.O_DIRECT)
     try:
         with memoryview(m) as whole, \
@@ -584,8 +580,4 @@ def test_target_deleted_and_added_again_under_fio_verify(dio_fs, servers,
     # what fio's random writes allocated of the sparse file
     allocated = os.stat(target).st_blocks * 512
     assert allocated >= 8 * MiB, allocated
-    before = free_bytes(mnt)
-    os.unlink(target)
-    subprocess.run(["sync"], check=True)
-    wait_for(lambda: free_bytes(mnt) - before >= allocated - MiB, T_CMD,
-             "the unlinked file's space to come back")
+    unlink_and_wait_freed(mnt, target, allocated - MiB)
