@@ -20,9 +20,9 @@ from hybdbpf import (BLOCK, attached, delta, detach, detach_ok, dev_info,
                      disk_completed_ios, fastpath, need_bpf, pin_dir, prog,
                      read_blocks, read_errno, settle, stats, suite_prog,
                      write_errno)
-from hybdlib import (T_IO, direct_read, direct_write, hybdctl, hybdctl_json,
-                     io_uring_usable, need_tool, pattern, reap, sysfs_queue,
-                     wait_for)
+from hybdlib import (LONG, T_IO, direct_read, direct_write, hybdctl,
+                     hybdctl_json, io_uring_usable, need_tool, pattern, reap,
+                     sysfs_queue, wait_for)
 
 assert fastpath      # a fixture, used by name
 
@@ -50,7 +50,9 @@ def small_ramdisk(ramdisk, **opts):
 
 # ------------------------------------------ attach/replace/detach under I/O
 
-CYCLES = 50
+# 24 steps walk each action of the plan with each program (8 x 3);
+# `make test-long` runs 50
+CYCLES = 50 if LONG else 24
 CYCLE_PROGS = ("cache", "zero", "passthrough")
 # attach, replace twice (a replaced link replaced again), detach, then two
 # attaches detached right away: under TCG each load costs hybdctl ~5 s,
@@ -159,8 +161,8 @@ def fio_loop():
         loop.kill()
 
 
-def test_attach_replace_detach_50_times_under_fio_verify(ramdisk, fastpath,
-                                                         fio_loop):
+def test_attach_replace_detach_cycles_under_fio_verify(ramdisk, fastpath,
+                                                       fio_loop):
     srv = small_ramdisk(ramdisk)
     assert sysfs_queue(srv.dev, "iostats") == "1"
     attaches0 = dev_info(srv.dev)["bpf_attaches"]

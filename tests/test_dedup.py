@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 import hybd_uapi as uapi
-from hybdlib import (REPO, T_IO, assert_data, device_ids, direct_read,
+from hybdlib import (LONG, REPO, T_IO, assert_data, device_ids, direct_read,
                      direct_write, fio_verify, first_difference, hybdctl,
                      info, need_built, pattern, reap, run, stack_of,
                      state_of, sysfs_queue, wait_for)
@@ -317,7 +317,7 @@ def test_dedup_space_accounting_duplicates_zeros_discard_and_reuse(dedup):
 
 # ------------------------------------------------------------------ SIGKILL
 
-ROUNDS = 10
+ROUNDS = 10 if LONG else 5    # kills (each round starts two servers)
 REGION = 8 * MiB            # where A is written, at REGION
 B_START, B_END = 1 * MiB, 7 * MiB   # the part of the region B overwrites
 
