@@ -111,7 +111,8 @@ test: guest-deps
 		./tools/vm-run tests $(PYTEST_ARGS)
 
 # The same suite with the full counts of the reliability tests: 20 server
-# kills and handovers per case, 20 deletes per state, 100,000 fuzz calls.
+# kills and handovers per case, 20 deletes per state, 100,000 fuzz calls,
+# 50 attach/replace/detach steps, 10 dedup kills per case.
 test-long: guest-deps
 	$(Q)$(MAKE) all
 	$(Q)$(MAKE) unit
