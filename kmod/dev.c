@@ -330,8 +330,12 @@ struct hybd_dev *hybd_dev_create(const struct hybd_params *p, u32 id)
 	 * load from an unbound worker, as loop's, since a file system may do
 	 * a remap's I/O in the worker (a copy, a page cache fill), which
 	 * should not take the submitting CPU; a request alone from a worker
-	 * of its CPU.  What may wait (a flush, a read or write that would
-	 * block) runs in a work of its tag's, beside them.
+	 * of its CPU.  That one is not WQ_HIGHPRI: it must not preempt a
+	 * submitter that goes on (fio at depth), which would then submit
+	 * one request at a time, each served on its CPU while the others
+	 * idle; a submitter that waits leaves it the CPU at once.  What may
+	 * wait (a flush, a read or write that would block) runs in a work of
+	 * its tag's, beside them.
 	 */
 	dev->remap_wq = alloc_workqueue("hybd%u_remap",
 					WQ_MEM_RECLAIM | WQ_UNBOUND | WQ_HIGHPRI,
@@ -339,9 +343,8 @@ struct hybd_dev *hybd_dev_create(const struct hybd_params *p, u32 id)
 	dev->remap_batch_wq = alloc_workqueue("hybd%u_batch",
 					      WQ_MEM_RECLAIM | WQ_UNBOUND |
 					      WQ_HIGHPRI, 0, dev->id);
-	dev->remap_local_wq = alloc_workqueue("hybd%u_local",
-					      WQ_MEM_RECLAIM | WQ_HIGHPRI, 0,
-					      dev->id);
+	dev->remap_local_wq = alloc_workqueue("hybd%u_local", WQ_MEM_RECLAIM,
+					      0, dev->id);
 	if (!dev->remap_wq || !dev->remap_batch_wq || !dev->remap_local_wq) {
 		ret = -ENOMEM;
 		goto out_id;
