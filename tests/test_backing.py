@@ -195,10 +195,15 @@ def register_unlinked(s, mnt):
     e, index, _, _ = s.add(fd, u.BACKING_F_WRITE)
     assert e == 0, u.errname(e)
     os.close(fd)
+    return index, unlink_synced(mnt, path)
+
+
+def unlink_synced(mnt, path):
+    """Unlink path, a file of mnt, and sync; mnt's free bytes before."""
     before = free_bytes(mnt)
     os.unlink(path)
     subprocess.run(["sync"], check=True)
-    return index, before
+    return before
 
 
 def wait_freed(mnt, before, want=30 * MiB):
@@ -209,10 +214,7 @@ def wait_freed(mnt, before, want=30 * MiB):
 def unlink_and_wait_freed(mnt, path, want=30 * MiB):
     """Unlink path, a file of mnt nothing else holds open any more, and
     wait for want bytes of its space to come back."""
-    before = free_bytes(mnt)
-    os.unlink(path)
-    subprocess.run(["sync"], check=True)
-    wait_freed(mnt, before, want)
+    wait_freed(mnt, unlink_synced(mnt, path), want)
 
 
 def test_backing_reference_goes_with_the_server_node(dio_fs, served):
