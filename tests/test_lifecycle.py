@@ -9,9 +9,9 @@ import re
 import time
 from pathlib import Path
 
-from hybdlib import (STATS_FIELDS, add_device, assert_data, del_device,
+from hybdlib import (RAMDISK, STATS_FIELDS, add_device, assert_data, del_device,
                      dev_path, device_ids, direct_read, direct_write, free_id,
-                     hybdctl, info, list_devices, pattern, sysfs_queue,
+                     hybdctl, info, list_devices, pattern, run, sysfs_queue,
                      wait_for)
 
 MiB = 1 << 20
@@ -210,3 +210,27 @@ def test_del_of_a_served_device_ends_its_server(ramdisk):
     assert "deleted underneath" in "".join(srv.err), srv.output()
 
     assert_data(other.dev, 0, keep, "the other ramdisk")
+
+
+def test_null_server_completes_every_request_without_data(ramdisk):
+    """ramdisk --null (the bench's hybd null line, ublk null's peer):
+    every request succeeds and is counted, nothing is stored."""
+    srv = ramdisk(size="16M", null=True)
+    direct_write(srv.dev, 0, pattern("null", MiB))
+    assert len(direct_read(srv.dev, 4 * MiB, MiB)) == MiB
+    fd = os.open(srv.dev, os.O_RDWR)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    counters = srv.stop()
+    assert counters is not None, srv.output()
+    # a 1 MiB request may be split to the device's max I/O size
+    assert counters["writes"] >= 1 and counters["reads"] >= 1, counters
+    assert counters["flushes"] >= 1, counters
+
+
+def test_null_server_refuses_a_backing_file(tmp_path):
+    res = run([RAMDISK, "--null", "--backing", tmp_path / "f"])
+    assert res.returncode == 2 and "--null keeps no data" in res.stderr, res
+    assert not (tmp_path / "f").exists()

@@ -5,7 +5,7 @@
  *   ramdisk [--size BYTES] [--queues N] [--depth N] [--max-io BYTES]
  *           [--lbs N] [--pbs N] [--poll-ns N] [--no-write-cache] [--id N]
  *           [--io-timeout SECONDS] [--max-write-zeroes BYTES]
- *           [--zero-writes] [--bpf PROG.bpf.o] [--backing FILE]
+ *           [--zero-writes] [--bpf PROG.bpf.o] [--backing FILE | --null]
  *           [--recovery SECONDS] [--attach]
  *
  * It creates /dev/hybdN, prints "ready /dev/hybdN" once the disk exists and
@@ -25,6 +25,11 @@
  * page cache), and the next ramdisk on FILE serves it again.  The device
  * has FILE's size unless --size says otherwise (FILE then grows to it);
  * a flush and a FUA write msync() what they must make durable.
+ *
+ * --null serves no data at all, as ublk's null target and null_blk without
+ * memory_backed do: every request succeeds at once, writes are dropped and
+ * reads return whatever the request's buffer held.  It measures the
+ * framework alone (the bench's "hybd null" line), not a disk.
  *
  * --recovery SECONDS: if this process dies, the kernel holds the device's
  * I/O that long for a new server.  --attach (with --id N) is that new
@@ -133,6 +138,47 @@ static const struct hybd_driver ramdisk_driver = {
 	.write_zeroes	= ramdisk_write_zeroes,
 };
 
+/* --null: the requests are counted, their data is never touched. */
+static int null_read(struct hybd_io *io, void *buf, uint64_t offset,
+		     uint32_t len)
+{
+	struct ramdisk *rd = hybd_io_priv(io);
+
+	(void)buf; (void)offset; (void)len;
+	count(&rd->reads);
+	return 0;
+}
+
+static int null_write(struct hybd_io *io, const void *buf, uint64_t offset,
+		      uint32_t len)
+{
+	struct ramdisk *rd = hybd_io_priv(io);
+
+	(void)buf; (void)offset; (void)len;
+	count(&rd->writes);
+	if (hybd_io_flags(io) & HYBD_IO_F_FUA)
+		count(&rd->fua);
+	return 0;
+}
+
+static int null_range(struct hybd_io *io, uint64_t offset, uint32_t len)
+{
+	struct ramdisk *rd = hybd_io_priv(io);
+
+	(void)offset; (void)len;
+	count(hybd_io_op(io) == HYBD_OP_DISCARD ? &rd->discards :
+						  &rd->write_zeroes);
+	return 0;
+}
+
+static const struct hybd_driver null_driver = {
+	.read		= null_read,
+	.write		= null_write,
+	.flush		= ramdisk_flush,
+	.discard	= null_range,
+	.write_zeroes	= null_range,
+};
+
 static int fail(const char *what, int err)
 {
 	fprintf(stderr, "ramdisk: %s (%s)\n", what, strerror(-err));
@@ -155,11 +201,12 @@ static const char usage[] =
 	"usage: ramdisk [--size BYTES] [--queues N] [--depth N] [--max-io BYTES]\n"
 	"               [--lbs N] [--pbs N] [--poll-ns N] [--no-write-cache] [--id N]\n"
 	"               [--io-timeout SECONDS] [--max-write-zeroes BYTES]\n"
-	"               [--zero-writes] [--bpf PROG.bpf.o] [--backing FILE]\n"
+	"               [--zero-writes] [--bpf PROG.bpf.o] [--backing FILE | --null]\n"
 	"               [--recovery SECONDS] [--attach]\n";
 
 static const char *bpf_path;	/* --bpf */
 static const char *backing;	/* --backing */
+static bool null_mode;		/* --null */
 static bool size_given;
 
 static void parse_args(int argc, char **argv, struct hybd_config *cfg)
@@ -182,6 +229,7 @@ static void parse_args(int argc, char **argv, struct hybd_config *cfg)
 		{ "backing", required_argument, NULL, 'B' },
 		{ "recovery", required_argument, NULL, 'R' },
 		{ "attach", no_argument, NULL, 'A' },
+		{ "null", no_argument, NULL, 'N' },
 		{ NULL, 0, NULL, 0 },
 	};
 	int c, i = 0;
@@ -208,6 +256,7 @@ static void parse_args(int argc, char **argv, struct hybd_config *cfg)
 		case 'B': backing = optarg; break;
 		case 'R': cfg->recovery_timeout = number(name, optarg, UINT32_MAX); break;
 		case 'A': cfg->lib_flags |= HYBD_CFG_ATTACH; break;
+		case 'N': null_mode = true; break;
 		case 'W':
 			/* nothing cached: no flush, no FUA */
 			cfg->flags &= ~HYBD_DEV_F_WRITE_CACHE;
@@ -220,6 +269,11 @@ static void parse_args(int argc, char **argv, struct hybd_config *cfg)
 	}
 	if ((cfg->lib_flags & HYBD_CFG_ATTACH) && (cfg->dev_id < 0 || bpf_path)) {
 		fputs("ramdisk: --attach needs --id N, and takes no --bpf (a fast path that outlives servers is pinned: hybdctl attach)\n",
+		      stderr);
+		exit(2);
+	}
+	if (null_mode && backing) {
+		fputs("ramdisk: --null keeps no data: it takes no --backing\n",
 		      stderr);
 		exit(2);
 	}
@@ -296,7 +350,7 @@ int main(int argc, char **argv)
 		ret = map_backing(&rd, &cfg);
 		if (ret)
 			return ret;
-	} else {
+	} else if (!null_mode) {
 		rd.mem = calloc(1, cfg.size ? cfg.size : 1);
 		if (!rd.mem)
 			return fail("cannot allocate the disk's memory", -ENOMEM);
@@ -309,7 +363,8 @@ int main(int argc, char **argv)
 	sigaddset(&stop_signals, SIGTERM);
 	pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
 
-	ret = hybd_dev_create(&cfg, &ramdisk_driver, &rd, &dev);
+	ret = hybd_dev_create(&cfg, null_mode ? &null_driver : &ramdisk_driver,
+			      &rd, &dev);
 	if (ret)
 		return fail(hybd_errmsg(), ret);
 	ret = hybd_dev_start(dev);
