@@ -13,7 +13,13 @@
 #                   (KASAN, lockdep, KFENCE, UBSAN, kmemleak...) built once by
 #                   tools/debug-kernel and cached in /var/cache/hybd (HYBD_CACHE);
 #                   the first run builds it: about an hour on 2 cores
-#   make bench      guest-deps + build, then the latency comparison in one guest
+#   make bench      guest-deps + bench-deps + build, then hybd against
+#                   null_blk, ublk, loop, dm-crypt and nbd in one clean
+#                   guest (BENCH_ARGS="--only loop" selects lines); refuses
+#                   to run beside another QEMU guest or on a busy host
+#                   (BENCH_ARGS="--force" measures anyway)
+#   make bench-deps rublk (ublk's server, the slow path's peer), built once
+#                   with cargo into /var/cache/hybd (HYBD_CACHE)
 #   make demo       guest-deps + build, then the ramdisk/fast-path demo in a guest
 #   make install    libhybd, its headers and pkg-config files (hybd.pc),
 #                   hybd.bpf.h and the sample programs, hybdctl, the man
@@ -62,7 +68,7 @@ HYBD_VERSION := $(shell cat VERSION)
 # where DKMS takes a module's sources from (DESTDIR: a package's staging)
 DKMS_SRC = $(DESTDIR)/usr/src/hybd-$(HYBD_VERSION)
 
-.PHONY: all deps guest-deps kmod lib tools examples bpf test test-long test-debug bench \
+.PHONY: all deps guest-deps bench-deps kmod lib tools examples bpf test test-long test-debug bench \
 	demo clean check unit help install uninstall dkms-src dkms-install \
 	dkms-uninstall
 
@@ -74,6 +80,9 @@ deps:
 
 guest-deps:
 	$(Q)./tools/deps.sh --guest
+
+bench-deps:
+	$(Q)./tools/bench-deps.sh
 
 kmod:
 	$(Q)$(MAKE) -C $(kdir) M=$(CURDIR)/kmod modules $(if $(filter 1,$(V)),V=1,)
@@ -125,9 +134,12 @@ test-debug: guest-deps
 	$(Q)$(MAKE) lib tools examples bpf
 	$(Q)./tools/debug-kernel test $(PYTEST_ARGS)
 
+# bench-deps may fail (no Rust toolchain): the ublk lines then say why
+# they were not measured, and the rest is measured all the same
 bench: guest-deps
+	$(Q)./tools/bench-deps.sh || echo "make bench: no rublk: the ublk lines will not be measured"
 	$(Q)$(MAKE) all
-	$(Q)./tools/vm-run bench
+	$(Q)./tools/vm-run bench $(BENCH_ARGS)
 
 demo: guest-deps
 	$(Q)$(MAKE) all

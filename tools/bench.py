@@ -1,59 +1,65 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: GPL-2.0
-"""bench.py - hybd's latency comparison, in one boot (make bench).
+"""bench.py - hybd against the drivers a user would pick instead, side by
+side in one guest boot (make bench).
 
-Runs fio 4 KiB random reads (O_DIRECT) over the same small region of several
-block devices, side by side in one guest boot, and reports medians and
-ratios:
+Runs fio over the same small region of several block devices, the lines
+interleaved round-robin, and reports medians, per-round ranges and ratios:
 
   nullblk      null_blk, memory-backed: the in-kernel limit
-  nbd          nbd + nbdkit (memory plugin, Unix socket): the classic
-               user-space route
-  noprog       hybd ramdisk, no fast-path program: the slow path
+  unull1       ublk's null target (rublk), 1 queue: the slow path's peer
+  unull        the same with as many queues as hybd's default (one per CPU)
+  hnull1       hybd null server (examples/ramdisk --null), 1 queue: the
+               slow path doing what ublk's null target does (nothing)
+  hnull        the same with the library's default queues
+  noprog1      hybd ramdisk (copies its data), 1 queue, no program
+  noprog       hybd ramdisk, default queues, no program: the slow path
   passthrough  hybd ramdisk + passthrough.bpf.o: what the hook costs
+  poll         hybd ramdisk, no program, --poll-ns 50000 (bounded polling)
   cache        hybd ramdisk + cache.bpf.o, warm: 100% fast-path hits
   zero         hybd ramdisk + zero.bpf.o, warm, never-written blocks
-  poll         hybd ramdisk, no program, --poll-ns 50000 (bounded polling)
+  nbd          nbd + nbdkit (memory plugin, Unix socket)
   kloop        the kernel loop device over a file (direct I/O)
+  uloop        ublk's loop target (rublk, 1 queue, direct I/O) over
+               kloop's file
   hloop        examples/loop (hybd-loop) over the same kind of file: one
                io_uring per queue, O_DIRECT
   bloop        the BPF loop device: hybd-loop --remap + bpf/loop.bpf.o
                over kloop's file: every request remapped to it in the
                kernel (direct I/O on the request's pages)
-  ddslow       examples/dedup over a store file, --no-fast-path, over a
-               disk-image-like mix: a third never written (zeros), a third
-               duplicates of 16 blocks, a third unique
+  dmcrypt      dm-crypt, plain mode with the same cipher and key, on a loop
+               device over the encslow line's backing file (or a file of
+               its own, written the same way, without that line)
+  encslow      examples/encrypt (AES-256-XTS, 512-byte sectors) over a
+               sparse file, --no-fast-path, over a disk image's mix: a
+               third never written (holes), a third duplicates of 16
+               blocks, a third unique
+  encfast      the same with its fast path (encrypt.bpf.o): holes in the
+               kernel, the rest decrypted by the slow path
+  enccache     the same with --cache (encrypt-cache.bpf.o), warm
+  ddslow       examples/dedup over a store file, --no-fast-path, same mix
   ddfast       the same with its fast path (dedup.bpf.o), warm: holes
                from its exact map, the rest from its cache
   ddmslow      examples/dedup, --no-fast-path, over mapped blocks only
                (every block written, all different)
   ddremap      the same with dedup-nocache.bpf.o: every read remapped to
                its chunk in the store, in the kernel (no cache to answer)
-  encslow      examples/encrypt (AES-256-XTS, 512-byte sectors) over a
-               sparse file, --no-fast-path, over the same mix (the
-               never-written third are holes of the file)
-  encfast      the same with its fast path (encrypt.bpf.o): holes in the
-               kernel, the rest decrypted by the slow path
-  enccache     the same with --cache (encrypt-cache.bpf.o), warm
-  dmcrypt      dm-crypt, plain mode with the same cipher and key, on a loop
-               device over the encslow line's backing file (or a file of
-               its own, written the same way, without that line)
 
-The encrypt lines, dmcrypt, kloop and bloop are also measured reading 128
-KiB sequentially (io_uring, QD8: MiB/s); kloop and bloop writing 4 KiB at
-random at QD1 too (psync).
+--only and --skip take line keys and the names of the comparisons the
+report prints (slowpath, fastpath, nbd, loop, crypt, dedup): `make bench
+BENCH_ARGS='--only loop'` measures the loop drivers alone.
 
-Each line is measured at QD1 (psync: mean, p50, p99, p99.9 completion
-latency) and QD32 (io_uring: IOPS), --samples times, the lines interleaved
-round-robin so that drift hits all of them alike (each round starting one
-line further on), after an uncounted --warmup run each.  Every device
-exists for the whole run (one ramdisk per hybd line, each with its own
-program), without an I/O scheduler.
+Every line is measured at QD1 (psync, 4 KiB random reads: mean, p50, p99,
+p99.9 completion latency) and QD32 (io_uring: IOPS); SEQ_LINES also reading
+128 KiB sequentially (QD8: MiB/s), WRITE_LINES also writing 4 KiB at random
+at QD1.  --samples rounds (default 5), round-robin, each round starting one
+line further on, after an uncounted --warmup run each.  Every device exists
+for the whole run, without an I/O scheduler.
 
-Results: a table on stdout, every sample in RESULTS/bench.json, a chart of
-QD1 p50/p99 in RESULTS/bench.png (needs python3-matplotlib).  RESULTS is
---results, by default $HYBD_RESULTS (tools/vm-run sets it: results/latest/)
-or else results/.
+Results: a table on stdout, every round in RESULTS/bench.json with the
+guest's command line and load before and after.  On the host, tools/vm-run
+then runs `bench.py --report` on it: the host's load and other guests go
+into bench.json, the tables into bench.md, the chart into bench.png.
 
 Run as root: tools/vm-run bench [ARGS], or directly on a >= 6.12 host.
 Exit status: 0 when every selected line was measured (whether the targets
@@ -87,6 +93,10 @@ ENCRYPT = REPO / "examples" / "encrypt" / "encrypt"
 BPF_DIR = REPO / "bpf"
 CONTROL = "/dev/hybd-control"
 KMOD = Path(os.environ.get("HYBD_KMOD", REPO / "kmod" / "hybd.ko"))
+# ublk's server, built by `make bench-deps` (tools/bench-deps.sh) into the
+# cache outside the tree
+CACHE = Path(os.environ.get("HYBD_CACHE") or "/var/cache/hybd")
+RUBLK = Path(os.environ.get("HYBD_RUBLK") or CACHE / "rublk" / "bin" / "rublk")
 
 BS = 4096
 QD32 = 32
@@ -96,41 +106,43 @@ DM_NAME = "hybdbench"
 SEQ_BS = 128 << 10
 SEQ_QD = 8
 
-# key -> (label, hybd ramdisk setup or None)
+# key -> (label, hybd server setup or None).  The order is the table's.
 #   prog: bpf/<prog>.bpf.o attached; data: region written before measuring;
-#   poll_ns: the ramdisk's --poll-ns; fast: reads are expected on the fast path
+#   poll_ns: the ramdisk's --poll-ns; fast: reads are expected on the fast
+#   path; queues: the server's --queues (default: the library's, one per
+#   CPU); server: the example that serves it (default the ramdisk)
 LINES = {
     "nullblk": ("null_blk (memory)", None),
-    "nbd": ("nbd + nbdkit", None),
-    "noprog": ("hybd, no program",
+    "unull1": ("ublk null, 1 queue", None),
+    "unull": ("ublk null, N queues", None),
+    "hnull1": ("hybd null, 1 queue",
+               dict(prog=None, data=False, poll_ns=0, fast=False,
+                    server="null", queues=1)),
+    "hnull": ("hybd null",
+              dict(prog=None, data=False, poll_ns=0, fast=False,
+                   server="null")),
+    "noprog1": ("hybd ramdisk, 1 queue",
+                dict(prog=None, data=True, poll_ns=0, fast=False, queues=1)),
+    "noprog": ("hybd ramdisk",
                dict(prog=None, data=True, poll_ns=0, fast=False)),
     "passthrough": ("hybd + passthrough",
                     dict(prog="passthrough", data=True, poll_ns=0, fast=False)),
+    "poll": ("hybd, poll 50 us",
+             dict(prog=None, data=True, poll_ns=50000, fast=False)),
     "cache": ("hybd + cache (hits)",
               dict(prog="cache", data=True, poll_ns=0, fast=True)),
     "zero": ("hybd + zero (hits)",
              dict(prog="zero", data=False, poll_ns=0, fast=True)),
-    "poll": ("hybd, poll 50 us",
-             dict(prog=None, data=True, poll_ns=50000, fast=False)),
+    "nbd": ("nbd + nbdkit", None),
     "kloop": ("kernel loop (file)", None),
+    "uloop": ("ublk loop (file)", None),
     "hloop": ("hybd-loop (file)",
               dict(prog=None, data=True, poll_ns=0, fast=False,
                    server="loop")),
-    "ddslow": ("dedup, no fast path",
-               dict(prog=None, data="mix", poll_ns=0, fast=False,
-                    server="dedup")),
-    "ddfast": ("dedup + fast path",
-               dict(prog=None, data="mix", poll_ns=0, fast=True,
-                    server="dedup")),
     "bloop": ("BPF loop (remap)",
               dict(prog="loop", data=True, poll_ns=0, fast=True,
                    server="bloop")),
-    "ddmslow": ("dedup mapped, slow",
-                dict(prog=None, data=True, poll_ns=0, fast=False,
-                     server="dedup")),
-    "ddremap": ("dedup mapped, remap",
-                dict(prog=None, data=True, poll_ns=0, fast=True,
-                     server="dedup", bpf="dedup-nocache.bpf.o")),
+    "dmcrypt": ("dm-crypt (plain, loop)", None),
     "encslow": ("encrypt, no fast path",
                 dict(prog=None, data="mix", poll_ns=0, fast=False,
                      server="encrypt", flags=["--no-fast-path"])),
@@ -140,13 +152,51 @@ LINES = {
     "enccache": ("encrypt + cache",
                  dict(prog=None, data="mix", poll_ns=0, fast=True,
                       server="encrypt", flags=["--cache"])),
-    "dmcrypt": ("dm-crypt (plain, loop)", None),
+    "ddslow": ("dedup, no fast path",
+               dict(prog=None, data="mix", poll_ns=0, fast=False,
+                    server="dedup")),
+    "ddfast": ("dedup + fast path",
+               dict(prog=None, data="mix", poll_ns=0, fast=True,
+                    server="dedup")),
+    "ddmslow": ("dedup mapped, slow",
+                dict(prog=None, data=True, poll_ns=0, fast=False,
+                     server="dedup")),
+    "ddremap": ("dedup mapped, remap",
+                dict(prog=None, data=True, poll_ns=0, fast=True,
+                     server="dedup", bpf="dedup-nocache.bpf.o")),
 }
 MODES = ("qd1", "qd32", "seq", "qd1w")
 # the lines measured in "seq" (128 KiB sequential reads) too
-SEQ_LINES = ("encslow", "encfast", "enccache", "dmcrypt", "kloop", "bloop")
+SEQ_LINES = ("nullblk", "unull1", "unull", "hnull1", "hnull", "noprog1",
+             "noprog", "kloop", "uloop", "hloop", "bloop", "dmcrypt",
+             "encslow", "encfast", "enccache", "ddslow", "ddmslow", "ddremap")
 # the lines measured in "qd1w" (4 KiB random writes, QD1) too
-WRITE_LINES = ("kloop", "bloop")
+WRITE_LINES = ("kloop", "uloop", "hloop", "bloop", "dmcrypt", "encslow",
+               "ddslow")
+
+# The comparisons the report prints (and --only takes by name): what a
+# user would pick instead of each hybd line.  (name, [(line, reference)])
+COMPARISONS = (
+    ("slowpath", "the slow path against ublk's (the same work: none)",
+     [("hnull1", "unull1"), ("hnull", "unull"), ("hnull", "unull1"),
+      ("noprog1", "hnull1"), ("noprog", "hnull"), ("poll", "noprog"),
+      ("passthrough", "noprog")]),
+    ("fastpath", "fast-path hits against null_blk",
+     [("cache", "nullblk"), ("zero", "nullblk"), ("cache", "noprog")]),
+    ("nbd", "the slow path against nbd + nbdkit",
+     [("noprog", "nbd")]),
+    ("loop", "the loop drivers over one kind of file",
+     [("uloop", "kloop"), ("hloop", "uloop"), ("hloop", "kloop"),
+      ("bloop", "kloop")]),
+    ("crypt", "encrypt against dm-crypt (same cipher and key)",
+     [("encslow", "dmcrypt"), ("encfast", "dmcrypt"),
+      ("enccache", "dmcrypt")]),
+    ("dedup", "dedup against the kernel loop",
+     [("ddslow", "kloop"), ("ddfast", "kloop"), ("ddmslow", "kloop"),
+      ("ddremap", "kloop"), ("ddremap", "ddmslow")]),
+)
+GROUPS = {name: list(dict.fromkeys(k for pair in pairs for k in pair))
+          for name, _, pairs in COMPARISONS}
 
 # (what, line, reference, metric, limit): line/reference of the metric's
 # median must be <= limit (metric qd1_iops: >= limit)
@@ -161,14 +211,30 @@ TARGETS = (
      "passthrough", "noprog", "mean_us", 1.05),
     ("slow path QD1 mean <= half of nbd + nbdkit",
      "noprog", "nbd", "mean_us", 0.5),
-    ("BPF loop QD1 read mean within 1.15x of kernel loop",
-     "bloop", "kloop", "mean_us", 1.15),
-    ("BPF loop QD1 write mean within 1.15x of kernel loop",
-     "bloop", "kloop", "w_mean_us", 1.15),
-    ("BPF loop QD32 IOPS >= 0.9x kernel loop",
-     "bloop", "kloop", "qd32_iops", 0.9),
-    ("BPF loop 128K sequential >= 0.9x kernel loop",
-     "bloop", "kloop", "seq_mib_s", 0.9),
+    ("hybd null QD1 mean <= ublk null's, 1 queue each",
+     "hnull1", "unull1", "mean_us", 1.0),
+    ("hybd null QD32 IOPS >= ublk null's, 1 queue each",
+     "hnull1", "unull1", "qd32_iops", 1.0),
+    ("hybd null default QD1 mean <= ublk null default's",
+     "hnull", "unull1", "mean_us", 1.0),
+    ("hybd null default QD32 IOPS >= ublk null default's",
+     "hnull", "unull1", "qd32_iops", 1.0),
+    ("BPF loop QD1 read mean <= kernel loop's",
+     "bloop", "kloop", "mean_us", 1.0),
+    ("BPF loop QD1 write mean <= kernel loop's",
+     "bloop", "kloop", "w_mean_us", 1.0),
+    ("BPF loop QD32 IOPS >= kernel loop's",
+     "bloop", "kloop", "qd32_iops", 1.0),
+    ("BPF loop 128K sequential >= kernel loop's",
+     "bloop", "kloop", "seq_mib_s", 1.0),
+    ("hybd-loop QD1 mean <= ublk loop's",
+     "hloop", "uloop", "mean_us", 1.0),
+    ("hybd-loop QD32 IOPS >= ublk loop's",
+     "hloop", "uloop", "qd32_iops", 1.0),
+    ("encrypt QD1 mean <= 1.1x dm-crypt's",
+     "encslow", "dmcrypt", "mean_us", 1.1),
+    ("encrypt QD32 IOPS >= dm-crypt's",
+     "encslow", "dmcrypt", "qd32_iops", 1.0),
     ("dedup remapped reads >= 3x slow path QD1 IOPS",
      "ddremap", "ddmslow", "qd1_iops", 3.0),
 )
@@ -200,13 +266,21 @@ def parse_size(text):
 
 
 def parse_lines(text):
-    keys = [k for k in text.split(",") if k]
-    bad = [k for k in keys if k not in LINES]
+    """Line keys and comparison names (GROUPS), comma-separated, in the
+    table's order."""
+    keys, bad = set(), []
+    for k in (k for k in text.split(",") if k):
+        if k in LINES:
+            keys.add(k)
+        elif k in GROUPS:
+            keys.update(GROUPS[k])
+        else:
+            bad.append(k)
     if bad or not keys:
         raise argparse.ArgumentTypeError(
-            f"unknown line(s) {','.join(bad) or '(none)'}; "
-            f"choose from {','.join(LINES)}")
-    return keys
+            f"unknown line(s) {','.join(bad) or '(none)'}; choose from "
+            f"{','.join(LINES)}, or the comparisons {','.join(GROUPS)}")
+    return [k for k in LINES if k in keys]
 
 
 def run(cmd, timeout=60, check=True):
@@ -614,6 +688,10 @@ def setup_hybd(line, ctx):
         server = Ramdisk(["serve", *fast, store], exe=DEDUP)
     else:
         args += ["--size", str(ctx.args.ramdisk_size)]
+        if spec.get("server") == "null":
+            args.append("--null")
+        if spec.get("queues"):
+            args += ["--queues", str(spec["queues"])]
         if spec["poll_ns"]:
             args += ["--poll-ns", str(spec["poll_ns"])]
         server = Ramdisk(args)
@@ -678,8 +756,84 @@ def setup_dmcrypt(line, ctx):
                  "shared_with_encslow": not fill}
 
 
+# ublk's flags (include/uapi/linux/ublk_cmd.h) up to what 6.12 knows
+UBLK_FLAGS = ("SUPPORT_ZERO_COPY", "URING_CMD_COMP_IN_TASK", "NEED_GET_DATA",
+              "USER_RECOVERY", "USER_RECOVERY_REISSUE", "UNPRIVILEGED_DEV",
+              "CMD_IOCTL_ENCODE", "USER_COPY", "ZONED",
+              "USER_RECOVERY_FAIL_IO")
+
+
+def ublk_flag_names(value):
+    names = [UBLK_FLAGS[i] if i < len(UBLK_FLAGS) else f"bit{i}"
+             for i in range(64) if value >> i & 1]
+    return names
+
+
+def ensure_ublk(ctx):
+    """ublk_drv loaded and rublk installed (make bench-deps); what rublk
+    and the driver say of themselves, once."""
+    if not os.access(RUBLK, os.X_OK):
+        raise BenchError(f"{RUBLK} is not installed: make bench-deps "
+                         "(cargo install rublk into the bench cache)")
+    if not os.path.exists("/dev/ublk-control"):
+        run(["modprobe", "ublk_drv"])
+        ctx.cleanup.push("rmmod ublk_drv", run, ["modprobe", "-r", "ublk_drv"])
+        wait_until(lambda: os.path.exists("/dev/ublk-control"), 10,
+                   "/dev/ublk-control")
+    if ctx.rublk is None:
+        ctx.rublk = {
+            "binary": str(RUBLK),
+            "version": run([RUBLK, "--version"]).stdout.strip(),
+            "driver_features": run([RUBLK, "features"],
+                                   check=False).stdout.strip()}
+    return ctx.rublk
+
+
+def setup_rublk(line, ctx, target, queues, extra=()):
+    """One rublk device (it daemonizes once the device is live)."""
+    info = ensure_ublk(ctx)
+    dev_id = ctx.next_ublk
+    ctx.next_ublk += 1
+    cmd = [RUBLK, "add", target, "-n", str(dev_id), "-q", str(queues),
+           *extra]
+    run(cmd, timeout=120)
+    ctx.cleanup.push(f"rublk del -n {dev_id}", run,
+                     [RUBLK, "del", "-n", str(dev_id)])
+    dev = f"/dev/ublkb{dev_id}"
+    wait_until(lambda: os.path.exists(dev), 30, dev)
+    listing = run([RUBLK, "list", "-n", str(dev_id)], check=False).stdout
+    m = re.search(r"flags\s*:?\s*(0x[0-9a-fA-F]+)", listing)
+    flags = int(m.group(1), 16) if m else None
+    line.dev = dev
+    line.info = {"server": " ".join(map(str, cmd)), "rublk": info,
+                 "queues": queues, "list": listing.strip(),
+                 "flags": flags,
+                 "flag_names": ublk_flag_names(flags) if flags else None}
+
+
+def setup_unull1(line, ctx):
+    setup_rublk(line, ctx, "null", 1)
+
+
+def setup_unull(line, ctx):
+    # as many queues as hybd's default (the library's: one per CPU)
+    n = os.cpu_count() or 1
+    line.label = f"ublk null, {n} queues"
+    setup_rublk(line, ctx, "null", n)
+
+
+def setup_uloop(line, ctx):
+    # the kernel loop's own file when that line runs: the same file
+    path = ctx.kloop_backing or backing_file(ctx, "uloop.img")
+    setup_rublk(line, ctx, "loop", 1, ["-f", path])
+    if not ctx.kloop_backing:
+        fill_region(line.dev, ctx.args.region)
+    line.info["backing"] = path
+
+
 SETUP = {"nullblk": setup_nullblk, "nbd": setup_nbd, "kloop": setup_kloop,
-         "dmcrypt": setup_dmcrypt}
+         "dmcrypt": setup_dmcrypt, "unull1": setup_unull1,
+         "unull": setup_unull, "uloop": setup_uloop}
 
 
 def no_scheduler(dev):
@@ -768,183 +922,214 @@ def fio_run(line, mode, args, runtime=None):
 
 
 # ----------------------------------------------------------- the summary ---
+#
+# Everything below reads the bench.json document only (doc["lines"][key]:
+# label, hybd, error, runs{mode: [round results]}), so that the host can
+# print the same report again and draw the chart from it (--report).
 
 def fmt_pct(x):
     return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
-def median_of(runs, key):
-    vals = [r[key] for r in runs if r.get(key) is not None]
-    return statistics.median(vals) if vals else None
+def ok_runs(entry, mode):
+    return [r for r in entry["runs"].get(mode, []) if "error" not in r]
 
 
-def summarize(line):
-    q1, q32 = line.runs["qd1"], line.runs["qd32"]
-    s = {k: median_of(q1, k) for k in ("mean_us", "p50_us", "p99_us",
-                                       "p999_us")}
-    s["qd1_iops"] = 1e6 / s["mean_us"] if s["mean_us"] else None
-    s["qd32_iops"] = median_of(q32, "iops")
-    s["seq_mib_s"] = median_of(line.runs.get("seq", []), "mib_s")
-    s["w_mean_us"] = median_of(line.runs.get("qd1w", []), "mean_us")
-    s["samples"] = [sum("error" not in r for r in runs)
-                    for runs in line.runs.values()]
-    if line.hybd:
-        s["fast_share"] = median_of(q1 + q32, "fast_share")
+def stat_of(entry, mode, key):
+    """(median, min, max) over the rounds of one mode, or None."""
+    vals = [r[key] for r in ok_runs(entry, mode) if r.get(key) is not None]
+    if not vals:
+        return None
+    return statistics.median(vals), min(vals), max(vals)
+
+
+def summarize(entry):
+    """A line's medians and ranges, by metric (and QD1's percentiles)."""
+    s = {}
+    for metric, (mode, key, _) in METRICS.items():
+        st = stat_of(entry, mode, key)
+        if st and metric == "qd1_iops":
+            st = (1e6 / st[0], 1e6 / st[2], 1e6 / st[1])
+        s[metric] = st
+    for key in ("p50_us", "p99_us", "p999_us"):
+        s[key] = stat_of(entry, "qd1", key)
+    s["rounds"] = {m: len(ok_runs(entry, m)) for m in entry["runs"]}
+    if entry.get("hybd"):
+        shares = [r["fast_share"] for m in ("qd1", "qd32")
+                  for r in ok_runs(entry, m)
+                  if r.get("fast_share") is not None]
+        s["fast_share"] = statistics.median(shares) if shares else None
     return s
+
+
+def med(s, metric):
+    st = s.get(metric) if s else None
+    return st[0] if st else None
 
 
 def ratio(a, b):
     return a / b if a is not None and b else None
 
 
-def paired_range(lines, key, ref, metric):
-    """min, max of the per-round ratio line/ref of one metric."""
+def paired_range(doc, key, ref, metric):
+    """min, max of the per-round ratio line/ref of one metric (for
+    qd1_iops, ref's latency over the line's)."""
     mode, fkey, _ = METRICS[metric]
-    ok = [r for r in lines[ref].runs.get(mode, []) if "error" not in r]
-    rounds = {r["round"]: r for r in ok}
+    lines = doc["lines"]
+    if key not in lines or ref not in lines:
+        return None
+    theirs = {r["round"]: r for r in ok_runs(lines[ref], mode)}
     vals = []
-    for r in lines[key].runs.get(mode, []):
-        other = rounds.get(r["round"])
-        if other and "error" not in r:
-            if metric == "qd1_iops":
-                vals.append(other[fkey] / r[fkey])
-            else:
-                vals.append(r[fkey] / other[fkey])
+    for r in ok_runs(lines[key], mode):
+        other = theirs.get(r["round"])
+        if other and r.get(fkey) and other.get(fkey):
+            vals.append(other[fkey] / r[fkey] if metric == "qd1_iops"
+                        else r[fkey] / other[fkey])
     return (min(vals), max(vals)) if vals else None
 
 
-def evaluate_targets(lines, summary):
+def compare(doc, summary, key, ref, metric):
+    """(median ratio, (round min, round max)) of line/ref, or None."""
+    r = ratio(med(summary.get(key), metric), med(summary.get(ref), metric))
+    if r is None:
+        return None
+    return r, paired_range(doc, key, ref, metric)
+
+
+def evaluate_targets(doc, summary):
     out = []
     for what, key, ref, metric, limit in TARGETS:
         t = {"target": what, "line": key, "reference": ref, "metric": metric,
-             "limit": limit}
-        if key not in summary or ref not in summary:
-            t["verdict"] = "not run"
-        else:
-            r = ratio(summary[key][metric], summary[ref][metric])
-            t["ratio"] = r
-            if r is None:
-                t["verdict"] = "not run"
-            else:
-                met = r >= limit if METRICS[metric][2] else r <= limit
-                t["verdict"] = "met" if met else "not met"
-                t["round_range"] = paired_range(lines, key, ref, metric)
+             "limit": limit, "verdict": "not run"}
+        c = compare(doc, summary, key, ref, metric)
+        if c:
+            t["ratio"], t["round_range"] = c
+            met = (c[0] >= limit if METRICS[metric][2] else c[0] <= limit)
+            t["verdict"] = "met" if met else "not met"
         out.append(t)
     return out
 
 
-def num(x, width, digits=1):
-    return f"{'-':>{width}}" if x is None else f"{x:{width}.{digits}f}"
+def fmt_stat(st, digits=1):
+    """'median (min-max)'."""
+    if not st:
+        return "-"
+    return (f"{st[0]:.{digits}f} ({st[1]:.{digits}f}–{st[2]:.{digits}f})")
 
 
-def rat(x, width=7):
-    return f"{'-':>{width}}" if x is None else f"{x:{width - 1}.2f}x"
+def fmt_ratio(c):
+    if not c:
+        return "-"
+    r, rr = c
+    return f"{r:.2f}x ({rr[0]:.2f}–{rr[1]:.2f})" if rr else f"{r:.2f}x"
 
 
-def print_table(lines, summary, targets, args):
-    null = summary.get("nullblk")
-    base = summary.get("noprog")
-    print()
-    print(f"4 KiB random reads over the first {args.region >> 20} MiB, "
-          f"O_DIRECT; QD1: psync, QD32: {args.qd32_engine}; medians of "
-          f"{args.samples} interleaved samples of {args.runtime}s")
-    print(f"{'line':<20} {'QD1 mean':>8} {'p50':>7} {'p99':>7} {'p99.9':>7}"
-          f" {'/null':>7} {'/noprog':>7} | {'QD32 IOPS':>9} {'/null':>7}"
-          f" {'/noprog':>7} | {'fast':>6}")
-    print(f"{'':<20} {'us':>8} {'us':>7} {'us':>7} {'us':>7}"
-          f" {'mean':>7} {'mean':>7} | {'':>9} {'IOPS':>7} {'IOPS':>7} |")
-    for key, line in lines.items():
+# metric -> (column title, digits)
+COLUMNS = (("mean_us", "QD1 read mean µs", 1), ("p50_us", "p50", 1),
+           ("p99_us", "p99", 1), ("qd32_iops", "QD32 IOPS", 0),
+           ("seq_mib_s", "128K seq MiB/s", 0),
+           ("w_mean_us", "QD1 write µs", 1))
+RATIO_COLUMNS = (("mean_us", "QD1 read mean"), ("qd32_iops", "QD32 IOPS"),
+                 ("seq_mib_s", "128K seq"), ("w_mean_us", "QD1 write mean"))
+
+
+def report_rows(doc, summary):
+    """The report as tables: [(title, header, rows, note)]."""
+    lines = doc["lines"]
+    rows, missing = [], []
+    for key, e in lines.items():
         s = summary.get(key)
         if s is None:
-            print(f"{line.label:<20} not measured: {line.error}")
+            missing.append(f"{e['label']} ({key}): not measured: "
+                           f"{e.get('error')}")
             continue
-        fast = fmt_pct(s["fast_share"]) if line.hybd else ""
-        print(f"{line.label:<20} {num(s['mean_us'], 8)} {num(s['p50_us'], 7)}"
-              f" {num(s['p99_us'], 7)} {num(s['p999_us'], 7)}"
-              f" {rat(ratio(s['mean_us'], null and null['mean_us']))}"
-              f" {rat(ratio(s['mean_us'], base and base['mean_us']))}"
-              f" | {num(s['qd32_iops'], 9, 0)}"
-              f" {rat(ratio(s['qd32_iops'], null and null['qd32_iops']))}"
-              f" {rat(ratio(s['qd32_iops'], base and base['qd32_iops']))}"
-              f" | {fast:>6}")
-    print("(/null, /noprog: this line's median over the reference's; "
-          "for latency lower is better, for IOPS higher)")
-    kl, hl = summary.get("kloop"), summary.get("hloop")
-    if kl and hl:
-        print(f"hybd-loop / kernel loop: QD1 mean "
-              f"{rat(ratio(hl['mean_us'], kl['mean_us'])).strip()}, "
-              f"QD32 IOPS {rat(ratio(hl['qd32_iops'], kl['qd32_iops'])).strip()}")
-    dn, df = summary.get("ddslow"), summary.get("ddfast")
-    if dn and df:
-        print(f"dedup with / without its fast path: QD1 mean "
-              f"{rat(ratio(df['mean_us'], dn['mean_us'])).strip()}, "
-              f"QD32 IOPS {rat(ratio(df['qd32_iops'], dn['qd32_iops'])).strip()}"
-              f"; hit rate {fmt_pct(df['fast_share'])}")
-    for d in (dn, df):
-        if d and kl:
-            name = "dedup + fast path" if d is df else "dedup, no fast path"
-            print(f"{name} / kernel loop: QD1 mean "
-                  f"{rat(ratio(d['mean_us'], kl['mean_us'])).strip()}, "
-                  f"QD32 IOPS {rat(ratio(d['qd32_iops'], kl['qd32_iops'])).strip()}")
-    bl = summary.get("bloop")
-    if kl and bl:
-        print(f"BPF loop (remap) / kernel loop (direct I/O), same file: QD1 "
-              f"read mean {rat(ratio(bl['mean_us'], kl['mean_us'])).strip()}"
-              f", QD1 write mean "
-              f"{rat(ratio(bl['w_mean_us'], kl['w_mean_us'])).strip()}"
-              f" ({num(bl['w_mean_us'], 0)} vs {num(kl['w_mean_us'], 0)} us)"
-              f", QD32 IOPS "
-              f"{rat(ratio(bl['qd32_iops'], kl['qd32_iops'])).strip()}"
-              f", 128K seq "
-              f"{rat(ratio(bl['seq_mib_s'], kl['seq_mib_s'])).strip()}"
-              f" ({num(bl['seq_mib_s'], 0)} vs {num(kl['seq_mib_s'], 0)}"
-              f" MiB/s)")
-    ms, mr = summary.get("ddmslow"), summary.get("ddremap")
-    if ms and mr:
-        print(f"dedup mapped reads, remapped / slow path: QD1 IOPS "
-              f"{rat(ratio(mr['qd1_iops'], ms['qd1_iops'])).strip()}, "
-              f"QD32 IOPS {rat(ratio(mr['qd32_iops'], ms['qd32_iops'])).strip()}"
-              f"; in the kernel {fmt_pct(mr['fast_share'])}")
-    dm = summary.get("dmcrypt")
-    enc = [(k, summary.get(k)) for k in ("encslow", "encfast", "enccache")]
-    if dm and any(e for _, e in enc):
-        print(f"encrypt next to dm-crypt (128 KiB sequential reads: "
-              f"{args.qd32_engine}, QD{SEQ_QD}):")
-        print(f"  {'line':<24} {'QD1 mean':>9} {'/dm':>7} | {'QD32 IOPS':>9}"
-              f" {'/dm':>7} | {'seq MiB/s':>9} {'/dm':>7} | {'fast':>6}")
-        for k, e in [("dmcrypt", dm)] + enc:
-            if not e:
+        cells = [fmt_stat(s[m], d) if m in ("mean_us", "qd32_iops",
+                                             "seq_mib_s", "w_mean_us")
+                 else (f"{s[m][0]:.{d}f}" if s[m] else "-")
+                 for m, _, d in COLUMNS]
+        rows.append([e["label"], key, *cells,
+                     fmt_pct(s.get("fast_share")) if e.get("hybd") else ""])
+    tables = [("lines", ["line", "--only", *(t for _, t, _ in COLUMNS),
+                         "fast path"], rows,
+               "medians of the rounds, (lowest–highest round) after each"
+               + "".join(f"; {m}" for m in missing))]
+    for name, what, pairs in COMPARISONS:
+        crow = []
+        for key, ref in pairs:
+            if key not in summary or ref not in summary:
                 continue
-            fast = fmt_pct(e["fast_share"]) if lines[k].hybd else ""
-            print(f"  {lines[k].label:<24} {num(e['mean_us'], 9)}"
-                  f" {rat(ratio(e['mean_us'], dm['mean_us']))}"
-                  f" | {num(e['qd32_iops'], 9, 0)}"
-                  f" {rat(ratio(e['qd32_iops'], dm['qd32_iops']))}"
-                  f" | {num(e['seq_mib_s'], 9)}"
-                  f" {rat(ratio(e['seq_mib_s'], dm['seq_mib_s']))}"
-                  f" | {fast:>6}")
-    print()
-    print("targets:")
-    for t in targets:
+            cells = [fmt_ratio(compare(doc, summary, key, ref, m))
+                     for m, _ in RATIO_COLUMNS]
+            crow.append([f"{lines[key]['label']} / {lines[ref]['label']}",
+                         *cells])
+        if crow:
+            tables.append((f"{name}: {what}",
+                           ["line / reference",
+                            *(t for _, t in RATIO_COLUMNS)], crow,
+                           "ratio of the medians (lowest–highest round "
+                           "ratio); latency: lower is better, IOPS and "
+                           "MiB/s: higher"))
+    return tables
+
+
+def print_report(doc, out=sys.stdout):
+    summary = doc["summary"]
+    cfg = doc["config"]
+    print(file=out)
+    print(f"4 KiB random reads over the first {cfg['region'] >> 20} MiB, "
+          f"O_DIRECT; QD1: psync, QD32: {cfg['qd32_engine']}; 128 KiB "
+          f"sequential reads at QD{SEQ_QD}; {cfg['samples']} interleaved "
+          f"rounds of {cfg['runtime_s']}s", file=out)
+    for title, header, rows, note in report_rows(doc, summary):
+        widths = [max(len(str(r[i])) for r in [header] + rows)
+                  for i in range(len(header))]
+        print(f"\n{title}", file=out)
+        for r in [header] + rows:
+            print("  " + "  ".join(f"{str(c):<{w}}" if i == 0 else
+                                   f"{str(c):>{w}}"
+                                   for i, (c, w) in enumerate(zip(r, widths))
+                                   ).rstrip(), file=out)
+        print(f"  ({note})", file=out)
+    print("\ntargets:", file=out)
+    for t in doc["targets"]:
         if t["verdict"] == "not run":
-            print(f"  {t['target']:<52} not run")
+            print(f"  {t['target']:<54} not run", file=out)
             continue
         cmp = ">=" if METRICS[t["metric"]][2] else "<="
         rr = t.get("round_range")
         spread = f", rounds {rr[0]:.2f}-{rr[1]:.2f}x" if rr else ""
-        print(f"  {t['target']:<52} {t['ratio']:.2f}x {cmp} {t['limit']}x"
-              f"{spread}: {t['verdict'].upper()}")
+        print(f"  {t['target']:<54} {t['ratio']:.2f}x {cmp} {t['limit']}x"
+              f"{spread}: {t['verdict'].upper()}", file=out)
     print("  (QD1 IOPS = 1e6 / mean us.  Under TCG, differences below ~25% "
           "are noise: read\n   the per-round range before trusting a "
-          "verdict near its limit.)")
-    print()
+          "verdict near its limit.)", file=out)
+    print(file=out)
 
 
-def plot(path, lines, summary, title):
-    """A bar chart of QD1 p50 and p99 per line, log scale."""
-    # the guest's home is read-only: give matplotlib a cache it can write
-    os.environ.setdefault("MPLCONFIGDIR",
-                          os.path.join(os.path.dirname(path), ".mplconfig"))
+def markdown(doc):
+    """The report as Markdown, for the docs: every table, and how it was
+    measured."""
+    m, cfg = doc["meta"], doc["config"]
+    host = m.get("host") or {}
+    out = [f"Measured with `make bench` on {m.get('git') or '?'}, "
+           f"{m.get('date', '?')}: {m.get('kernel')}, {m.get('cpus')} vCPUs, "
+           f"{m.get('accel') or '?'}; guest command line `{m.get('cmdline')}`; "
+           f"{cfg['samples']} interleaved rounds of {cfg['runtime_s']} s; "
+           f"host load before/after "
+           f"{host.get('before', {}).get('loadavg', '?')} / "
+           f"{host.get('after', {}).get('loadavg', '?')}.", ""]
+    for title, header, rows, note in report_rows(doc, doc["summary"]):
+        out += [f"**{title}** ({note})", "",
+                "| " + " | ".join(header) + " |",
+                "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
+        out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+        out.append("")
+    return "\n".join(out)
+
+
+def plot(path, doc, title):
+    """A bar chart of QD1 p50 and p99 per line, log scale (on the host:
+    matplotlib's first run in each guest boot cost minutes)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -953,22 +1138,23 @@ def plot(path, lines, summary, title):
         say("python3-matplotlib is not installed: no chart "
             "(the numbers are in bench.json)")
         return False
-    keys = [k for k in lines if k in summary and summary[k]["p50_us"]]
+    summary = doc["summary"]
+    keys = [k for k in doc["lines"] if med(summary.get(k), "p50_us")]
     if not keys:
         return False
     x = range(len(keys))
     w = 0.38
-    fig, ax = plt.subplots(figsize=(1.6 * len(keys) + 2, 4.8))
+    fig, ax = plt.subplots(figsize=(0.9 * len(keys) + 2, 4.8))
     for off, metric, name in ((-w / 2, "p50_us", "p50"),
                               (w / 2, "p99_us", "p99")):
-        vals = [summary[k][metric] or 0 for k in keys]
+        vals = [med(summary[k], metric) or 0 for k in keys]
         bars = ax.bar([i + off for i in x], vals, w, label=name)
-        ax.bar_label(bars, labels=[f"{v:.0f}" for v in vals], fontsize=7)
+        ax.bar_label(bars, labels=[f"{v:.0f}" for v in vals], fontsize=6)
     ax.set_yscale("log")
     ax.set_ylabel("QD1 completion latency (us, log scale)")
     ax.set_xticks(list(x))
-    ax.set_xticklabels([lines[k].label for k in keys], rotation=20,
-                       ha="right", fontsize=8)
+    ax.set_xticklabels([doc["lines"][k]["label"] for k in keys], rotation=30,
+                       ha="right", fontsize=7)
     ax.set_title(title, fontsize=9)
     ax.legend()
     ax.grid(axis="y", which="both", alpha=0.3)
@@ -976,6 +1162,31 @@ def plot(path, lines, summary, title):
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True
+
+
+def report(path, host_meta=None):
+    """--report: on the host, after the guest's run: merge what the host
+    saw (its load, other guests) into bench.json, print the report again,
+    write bench.md and draw bench.png next to it."""
+    path = Path(path)
+    doc = json.loads(path.read_text())
+    if host_meta:
+        try:
+            doc["meta"]["host"] = json.loads(Path(host_meta).read_text())
+        except (OSError, ValueError) as e:
+            say(f"{host_meta}: {e}")
+        path.write_text(json.dumps(doc, indent=1) + "\n")
+    print_report(doc)
+    md = path.with_suffix(".md")
+    md.write_text(markdown(doc) + "\n")
+    say(f"Markdown tables: {md}")
+    title = (f"hybd bench: 4 KiB random read QD1, {doc['meta']['kernel']}, "
+             f"{doc['meta'].get('accel') or 'accel ?'}, medians of "
+             f"{doc['config']['samples']} rounds, {doc['meta'].get('git')}")
+    png = path.with_suffix(".png")
+    if plot(png, doc, title):
+        say(f"chart: {png}")
+    return 0
 
 
 # ------------------------------------------------------------------- main ---
@@ -1010,7 +1221,8 @@ def meta(args):
             "cpu_model": cpu, "mem_mib": mem,
             "accel": guest_accel(args.results), "fio": fio,
             "git": git_version(), "hybd_ko_sha256": file_sha256(KMOD),
-            "argv": sys.argv[1:]}
+            "argv": sys.argv[1:], "cmdline": read_text("/proc/cmdline"),
+            "loadavg_before": read_text("/proc/loadavg")}
 
 
 def git_version():
@@ -1041,9 +1253,11 @@ def read_text(path):
 def parse_args():
     ap = argparse.ArgumentParser(
         description="hybd latency comparison (see the module docstring)",
-        epilog="lines: " + ", ".join(LINES))
-    ap.add_argument("--samples", type=int, default=4,
-                    help="fio runs per line and queue depth (default 4)")
+        epilog="lines: " + ", ".join(LINES) + "; comparisons (for "
+               "--only, --skip): " + ", ".join(GROUPS))
+    ap.add_argument("--samples", type=int, default=5,
+                    help="interleaved rounds: fio runs per line and mode "
+                         "(default 5)")
     ap.add_argument("--runtime", type=int, default=3,
                     help="seconds per fio run (default 3)")
     ap.add_argument("--warmup", type=int, default=1,
@@ -1060,9 +1274,18 @@ def parse_args():
                     help="size of each hybd ramdisk (default 32M)")
     ap.add_argument("--results", default=os.environ.get(
                     "HYBD_RESULTS", str(REPO / "results")),
-                    help="directory for bench.json and bench.png "
+                    help="directory for bench.json "
                          "(default $HYBD_RESULTS, else results/)")
+    ap.add_argument("--report", metavar="BENCH_JSON",
+                    help="measure nothing: print the report of an earlier "
+                         "run again, write its bench.md and draw its "
+                         "bench.png (what tools/vm-run does on the host)")
+    ap.add_argument("--host-meta", metavar="JSON",
+                    help="with --report: what the host recorded (its load, "
+                         "other guests), merged into bench.json's meta")
     args = ap.parse_args()
+    if args.report:
+        return args
     if args.samples < 1 or args.runtime < 1 or args.warmup < 0:
         ap.error("--samples and --runtime must be >= 1, --warmup >= 0")
     if args.region % BS or args.region <= 0:
@@ -1085,7 +1308,9 @@ class Context:
         self.tmp = tmp
         self.cleanup = Cleanup()
         self.enc_backing = None     # the encslow line's, for dmcrypt
-        self.kloop_backing = None   # the kloop line's, for bloop
+        self.kloop_backing = None   # the kloop line's, for bloop, uloop
+        self.rublk = None           # rublk's version and features
+        self.next_ublk = 0          # the next ublk device's id
 
 
 def measure(lines, args):
@@ -1135,6 +1360,8 @@ def measure(lines, args):
 
 def main():
     args = parse_args()
+    if args.report:
+        return report(args.report, args.host_meta)
     if os.geteuid() != 0:
         say("must run as root (tools/vm-run bench runs it in a guest)")
         return 2
@@ -1195,34 +1422,26 @@ def main():
         shutil.rmtree(tmp, ignore_errors=True)
 
     info = info or meta(args)
-    summary = {k: summarize(ln) for k, ln in lines.items()
-               if median_of(ln.runs["qd1"], "mean_us") is not None}
-    targets = evaluate_targets(lines, summary)
-    print_table(lines, summary, targets, args)
-
-    doc = {"version": 1, "meta": info,
+    info["loadavg_after"] = read_text("/proc/loadavg")
+    doc = {"version": 2, "meta": info,
            "config": {"bs": BS, "region": args.region,
                       "samples": args.samples, "runtime_s": args.runtime,
                       "qd32_engine": args.qd32_engine, "qd32": QD32,
+                      "seq_bs": SEQ_BS, "seq_qd": SEQ_QD,
                       "ramdisk_size": args.ramdisk_size,
-                      "fio_qd1": fio_cmd("DEV", "qd1", args),
-                      "fio_qd32": fio_cmd("DEV", "qd32", args),
-                      "fio_seq": fio_cmd("DEV", "seq", args),
-                      "fio_qd1w": fio_cmd("DEV", "qd1w", args)},
-           "lines": {k: {"label": ln.label, "device": ln.dev,
-                         "setup": ln.info, "error": ln.error,
-                         "runs": ln.runs, "median": summary.get(k)}
+                      "fio": {m: fio_cmd("DEV", m, args) for m in MODES}},
+           "lines": {k: {"label": ln.label, "hybd": bool(ln.hybd),
+                         "device": ln.dev, "setup": ln.info,
+                         "error": ln.error, "runs": ln.runs}
                      for k, ln in lines.items()},
-           "targets": targets,
            "elapsed_s": round(time.monotonic() - t0, 1)}
+    doc["summary"] = {k: summarize(e) for k, e in doc["lines"].items()
+                      if ok_runs(e, "qd1")}
+    doc["targets"] = evaluate_targets(doc, doc["summary"])
+    print_report(doc)
     out = Path(args.results) / "bench.json"
     out.write_text(json.dumps(doc, indent=1) + "\n")
     say(f"every sample: {out}")
-    title = (f"hybd bench: 4 KiB random read QD1, {doc['meta']['kernel']}, "
-             f"{info['accel'] or 'accel ?'}, medians of {args.samples}")
-    png = Path(args.results) / "bench.png"
-    if plot(png, lines, summary, title):
-        say(f"chart: {png}")
 
     if any(ln.error for ln in lines.values()) or ctx.cleanup.failed:
         status = status or 1
