@@ -107,9 +107,10 @@ bpf:
 
 # The unit tests of pure user-space code run on the host; everything that
 # needs the module runs in one guest boot (tools/vm-run).
-unit: lib
+unit: lib bpf examples
 	$(Q)$(MAKE) -C tests/unit run
 	$(Q)$(MAKE) -C examples/dedup test-store
+	$(Q)./tests/unit/bpf-atomics.sh bpf/*.bpf.o examples/*/*.bpf.o
 
 # The guest gets 80 minutes (pytest 70 of them, tools/vm-run): on a slow
 # 2-core machine the suite takes about an hour under TCG.

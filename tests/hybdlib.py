@@ -42,8 +42,23 @@ T_CMD = 60 * _SLOW      # a control command (hybdctl attach, rmmod, ...)
 T_READY = 60 * _SLOW    # a server printing its ready line
 T_STOP = 60 * _SLOW     # a server exiting after SIGTERM
 T_IO = 300          # a bounded I/O job (fio, dd, mkfs)
-# make test-long: the full kill, handover, delete and fuzz counts
+# make test-long: the full kill, handover, delete and fuzz counts, and
+# every variant of a parametrized test crossed with every other
 LONG = os.environ.get("HYBD_LONG") == "1"
+
+
+def variants(every, picked):
+    """The cases of a parametrized test that this run takes: all of
+    `every` (pytest.param()s with ids) in make test-long; in make test only
+    those whose id is in `picked`, chosen so that each behaviour (each value
+    of each parameter) still runs once: make test has a time budget
+    (tools/suite-verdict --budget), crossing variants is test-long's."""
+    if LONG:
+        return list(every)
+    ids = [p.id for p in every]
+    unknown = set(picked) - set(ids)
+    assert not unknown, f"variants(): no case {sorted(unknown)} in {ids}"
+    return [p for p in every if p.id in picked]
 
 COUNTERS_RE = re.compile(
     r"^ramdisk: reads=(\d+) writes=(\d+) flushes=(\d+) fua=(\d+) "

@@ -187,11 +187,28 @@ class Dedup:
         return st
 
 
-@pytest.fixture(params=["off", "on"])
+@pytest.fixture
 def fast_path(request):
     """The fast path variant: "off" (--no-fast-path) or "on" (--bpf
-    examples/dedup/dedup.bpf.o)."""
+    examples/dedup/dedup.bpf.o); see pytest_generate_tests."""
     return request.param
+
+
+def pytest_generate_tests(metafunc):
+    """Every dedup test runs with the fast path off and on in make
+    test-long; make test runs each once, on where the test is about what
+    the fast path serves (@pytest.mark.fast_path_on), off elsewhere: every
+    server start with it on loads and verifies the program, seconds under
+    TCG.  A test that parametrizes fast_path itself is left alone."""
+    if "fast_path" not in metafunc.fixturenames:
+        return
+    for mark in metafunc.definition.iter_markers("parametrize"):
+        if "fast_path" in mark.args[0]:
+            return
+    quick = ("on" if metafunc.definition.get_closest_marker("fast_path_on")
+             else "off")
+    metafunc.parametrize("fast_path", ["off", "on"] if LONG else [quick],
+                         indirect=True)
 
 
 @pytest.fixture
@@ -222,6 +239,7 @@ def per_queue_done(dev_id):
     return [q["slow_done"] + q["fast_done"] for q in queues]
 
 
+@pytest.mark.fast_path_on
 @pytest.mark.parametrize("bs,per_job", [(4096, "2M"), (64 << 10, "8M")],
                          ids=["4k", "64k"])
 def test_dedup_fio_verify_random_rw_over_two_queues(dedup, bs, per_job):
@@ -342,6 +360,7 @@ def kill_and_delete(dedup, srv):
 
 # 20 server starts, each attaching the program with the fast path on: 90 s
 # under TCG, several times that in the debug kernel (KASAN, lockdep)
+@pytest.mark.fast_path_on
 @pytest.mark.time_limit(1500)
 def test_dedup_sigkill_keeps_flushed_data_and_never_returns_garbage(
         dedup, spawned, tmp_path):
@@ -447,6 +466,7 @@ def digest_tree(root):
     return out
 
 
+@pytest.mark.fast_path_on
 def test_dedup_ext4_two_copies_of_a_tree_are_stored_once(dedup, tmp_path):
     mkfs = tool("mkfs.ext4")
     fsck = tool("fsck.ext4")
@@ -506,6 +526,7 @@ STALE_KEYS = ("reads", "writes", "stale", "corrupt", "torn", "errors")
 STALE_SECONDS = 10
 
 
+@pytest.mark.fast_path_on
 def test_dedup_serves_no_stale_read_under_overlapping_writes(dedup):
     need_built(STALE_CHECK, "tests/helpers/stale_check")
     store = dedup.format("store", "16M")
@@ -539,6 +560,7 @@ def test_dedup_serves_no_stale_read_under_overlapping_writes(dedup):
 
 # ---------------------------------------------------------------- bad input
 
+@pytest.mark.fast_path_on
 def test_dedup_holes_and_hot_blocks_are_served_in_the_kernel_after_a_restart(
         dedup):
     """The fast path's hole map is exact from the first request after a

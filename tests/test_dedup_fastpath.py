@@ -9,16 +9,13 @@ The ramdisk does not keep dedup_zero: the test fills it through the
 pinned map for blocks the ramdisk holds zeros in, as dedup serve does.
 """
 import errno
-import re
-import shutil
-import subprocess
 
 import pytest
 
 from hybdbpf import (BLOCK, delta, dev_id_of, fastpath, need_bpf, pin_dir,
                      settle, stats)
-from hybdlib import (REPO, T_IO, direct_read, direct_write, hybdctl_json,
-                     io_errno, need_built, need_tool, pattern, run)
+from hybdlib import (REPO, direct_read, direct_write, hybdctl_json, io_errno,
+                     need_built, pattern, run)
 
 assert fastpath      # a fixture, used by name
 
@@ -78,17 +75,6 @@ def read(dev, blk, count):
 
 def pass_zeroes_supported():
     return "pass_zeroes" in hybdctl_json("features")["names"]
-
-
-def test_dedup_bpf_object_uses_only_fetching_atomics():
-    """As test_bpf_contract checks for bpf/*.bpf.o."""
-    objdump = shutil.which("llvm-objdump-14") or need_tool("llvm-objdump")
-    res = subprocess.run([objdump, "-d", "--no-show-raw-insn", dedup_prog()],
-                         capture_output=True, text=True, timeout=T_IO)
-    assert res.returncode == 0, res.stderr
-    bad = [l.strip() for l in res.stdout.splitlines()
-           if re.search(r"lock \*\(u\d+ \*\)", l)]
-    assert not bad, f"non-fetching atomics: {bad}"
 
 
 def test_dedup_fast_path_loads_and_serves(ramdisk, fastpath):

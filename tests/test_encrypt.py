@@ -29,7 +29,8 @@ import pytest
 
 from hybdlib import (ENCRYPT, REPO, T_IO, delete_dead, device_ids,
                      direct_read, direct_write, fio_verify, first_difference,
-                     info, loop_device, need_built, pattern, run, wait_for)
+                     info, loop_device, need_built, pattern, run, variants,
+                     wait_for)
 from test_dedup import (QUEUES, JOBS, STALE_CHECK, STALE_KEYS, STALE_RE,
                         STALE_SECONDS, digest_tree, flush, make_tree, tool)
 
@@ -169,9 +170,11 @@ COMBOS = [(256, 512, False), (512, 512, False), (256, 4096, False),
           (512, 4096, False), (256, 4096, True), (512, 4096, True)]
 
 
-@pytest.mark.parametrize("bits,sector,iv_large", COMBOS,
-                         ids=[f"{b}-{s}{'-ivlarge' if l else ''}"
-                              for b, s, l in COMBOS])
+@pytest.mark.parametrize("bits,sector,iv_large", variants(
+    [pytest.param(b, s, l, id=f"{b}-{s}{'-ivlarge' if l else ''}")
+     for b, s, l in COMBOS],
+    # each key size, sector size and IV mode once (test-long: all six)
+    ["256-512", "512-4096", "256-4096-ivlarge"]))
 def test_encrypt_round_trips_with_dm_crypt(enc, tmp_path, bits, sector,
                                            iv_large):
     """What hybd writes, dm-crypt reads, and the other way round: the
@@ -237,8 +240,11 @@ def test_encrypt_backing_store_never_holds_the_plaintext(enc, tmp_path):
 
 # --------------------------------------------------------------- integrity
 
-@pytest.mark.parametrize("fast", ["off", "on", "cache"])
-@pytest.mark.parametrize("sector", [512, 4096])
+@pytest.mark.parametrize("sector,fast", variants(
+    [pytest.param(s, f, id=f"{s}-{f}") for s in (512, 4096)
+     for f in ("off", "on", "cache")],
+    # each fast-path mode and each sector size once (test-long: crossed)
+    ["512-off", "4096-on", "512-cache"]))
 def test_encrypt_fio_verify_random_rw_over_two_queues(enc, tmp_path, fast,
                                                       sector):
     tool("fio")

@@ -11,7 +11,7 @@ import pytest
 import hybd_uapi as uapi
 from hybdlib import (RamdiskMemory, assert_data, direct_write, fio, fio_verify,
                      first_difference, info, io_uring_usable, need_tool,
-                     pattern, run, sysfs_queue)
+                     pattern, run, sysfs_queue, variants)
 
 MiB = 1 << 20
 CPUS = os.cpu_count() or 1
@@ -36,8 +36,12 @@ def per_queue_done(dev_id):
 SIZES = [(512, "512K"), (4096, "2M"), (64 << 10, "8M"), (1 << 20, "16M")]
 
 
-@pytest.mark.parametrize("iodepth", [1, 32], ids=["qd1", "qd32"])
-@pytest.mark.parametrize("bs,per_job", SIZES, ids=["512", "4k", "64k", "1m"])
+@pytest.mark.parametrize("bs,per_job,iodepth", variants(
+    [pytest.param(bs, per_job, qd, id=f"{name}-qd{qd}")
+     for (bs, per_job), name in zip(SIZES, ("512", "4k", "64k", "1m"))
+     for qd in (1, 32)],
+    # each size once, both depths (test-long: every size at both)
+    ["512-qd32", "4k-qd1", "64k-qd32", "1m-qd1"]))
 def test_fio_verify_random_rw_over_all_queues(ramdisk, bs, per_job, iodepth):
     need_tool("fio")
     engine = "libaio"

@@ -29,7 +29,7 @@ from hybdbpf import fastpath, need_bpf, prog  # noqa: F401 (fixture)
 from hybdlib import (LONG, LOOP, RAMDISK, REPO, T_CMD, T_IO, direct_read,
                      direct_write, fio, fio_verify, free_id, hybdctl, info,
                      io_uring_usable, need_built, need_tool, pattern, record,
-                     run, wait_for)
+                     run, variants, wait_for)
 
 MiB = 1 << 20
 KILLS = 20 if LONG else 5
@@ -157,9 +157,13 @@ def assert_clean_counters(dev, kills):
 
 
 @pytest.mark.time_limit(1800)
-@pytest.mark.parametrize("bs,fast", [("512", False), ("4k", False),
-                                     ("128k", False), ("4k", True)],
-                         ids=["512", "4k", "128k", "4k-cache"])
+@pytest.mark.parametrize("bs,fast", variants(
+    [pytest.param("512", False, id="512"), pytest.param("4k", False, id="4k"),
+     pytest.param("128k", False, id="128k"),
+     pytest.param("4k", True, id="4k-cache")],
+    # the smallest and largest requests, and the fast path (test-long:
+    # 4 KiB without it too)
+    ["512", "128k", "4k-cache"]))
 def test_recovery_fio_verify_across_sigkills(ramdisk, fastpath, tmp_path, bs,
                                             fast):
     """fio --verify (QD32, 2 queues) runs while the server is SIGKILLed and

@@ -32,7 +32,7 @@ import pytest
 from hybdlib import (LONG, T_STOP, add_device, device_ids, list_devices,
                      direct_read, direct_write, free_id, hybdctl, info,
                      io_errno, io_uring_usable, need_tool, pattern, reap,
-                     stack_of, state_of, wait_for)
+                     stack_of, state_of, variants, wait_for)
 
 MiB = 1 << 20
 HUNG_TASK_SECS = 5
@@ -294,9 +294,13 @@ FS_ERRORS = (r"|EXT4-fs|JBD2|Aborting journal|Remounting filesystem|"
 
 @pytest.mark.time_limit(3600 if LONG else 900)
 @pytest.mark.kmsg_allow(IO_ERRORS + FS_ERRORS)
-@pytest.mark.parametrize("engine", ["libaio", "io_uring"])
-@pytest.mark.parametrize("how", ["served", "stalled", "dead", "waiting",
-                                 "mounted"])
+@pytest.mark.parametrize("how,engine", variants(
+    [pytest.param(h, e, id=f"{h}-{e}")
+     for h in ("served", "stalled", "dead", "waiting", "mounted")
+     for e in ("libaio", "io_uring")],
+    # each server state once, both engines (test-long: every pair)
+    ["served-io_uring", "stalled-libaio", "dead-io_uring", "waiting-libaio",
+     "mounted-io_uring"]))
 def test_delete_under_fio_on_two_queues_at_qd32(ramdisk, tmp_path, how,
                                                 engine):
     """Delete a device while fio runs on it (2 jobs, 2 queues, QD32) in
