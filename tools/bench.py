@@ -1111,9 +1111,14 @@ def markdown(doc):
     measured."""
     m, cfg = doc["meta"], doc["config"]
     host = m.get("host") or {}
+    # the kernel's own options, without virtme-ng's plumbing
+    own = " ".join(w for w in (m.get("cmdline") or "").split()
+                   if not w.startswith(("virtme", "init=", "console=",
+                                        "earlyprintk=", "nr_open=")))
     out = [f"Measured with `make bench` on {m.get('git') or '?'}, "
            f"{m.get('date', '?')}: {m.get('kernel')}, {m.get('cpus')} vCPUs, "
-           f"{m.get('accel') or '?'}; guest command line `{m.get('cmdline')}`; "
+           f"{m.get('accel') or '?'}; guest kernel options (besides "
+           f"virtme-ng's) `{own}`; "
            f"{cfg['samples']} interleaved rounds of {cfg['runtime_s']} s; "
            f"host load before/after "
            f"{host.get('before', {}).get('loadavg', '?')} / "
