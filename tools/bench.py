@@ -50,9 +50,10 @@ report prints (slowpath, fastpath, nbd, loop, crypt, dedup): `make bench
 BENCH_ARGS='--only loop'` measures the loop drivers alone.
 
 Every line is measured at QD1 (psync, 4 KiB random reads: mean, p50, p99,
-p99.9 completion latency) and QD32 (io_uring: IOPS); SEQ_LINES also reading
-128 KiB sequentially (QD8: MiB/s), WRITE_LINES also writing 4 KiB at random
-at QD1.  --samples rounds (default 5), round-robin, each round starting one
+p99.9 completion latency) and QD32 (io_uring: IOPS); PAR_LINES also by two
+submitters (2 fio jobs at QD16: IOPS), SEQ_LINES also reading 128 KiB
+sequentially (QD8: MiB/s), WRITE_LINES also writing 4 KiB at random at
+QD1.  --samples rounds (default 5), round-robin, each round starting one
 line further on, after an uncounted --warmup run each.  Every device exists
 for the whole run, without an I/O scheduler.
 
@@ -165,11 +166,15 @@ LINES = {
                 dict(prog=None, data=True, poll_ns=0, fast=True,
                      server="dedup", bpf="dedup-nocache.bpf.o")),
 }
-MODES = ("qd1", "qd32", "seq", "qd1w")
+MODES = ("qd1", "qd32", "par", "seq", "qd1w")
 # the lines measured in "seq" (128 KiB sequential reads) too
 SEQ_LINES = ("nullblk", "unull1", "unull", "hnull1", "hnull", "noprog1",
              "noprog", "kloop", "uloop", "hloop", "bloop", "dmcrypt",
              "encslow", "encfast", "enccache", "ddslow", "ddmslow", "ddremap")
+# the lines measured in "par" (2 submitters: 2 fio jobs at QD16) too
+PAR_LINES = ("nullblk", "unull1", "unull", "hnull1", "hnull", "noprog1",
+             "noprog", "kloop", "uloop", "hloop", "bloop", "dmcrypt",
+             "encslow", "ddslow", "ddremap")
 # the lines measured in "qd1w" (4 KiB random writes, QD1) too
 WRITE_LINES = ("kloop", "uloop", "hloop", "bloop", "dmcrypt", "encslow",
                "ddslow")
@@ -243,6 +248,7 @@ METRICS = {"mean_us": ("qd1", "mean_us", False),
            "qd1_iops": ("qd1", "mean_us", True),
            "w_mean_us": ("qd1w", "mean_us", False),
            "qd32_iops": ("qd32", "iops", True),
+           "par_iops": ("par", "iops", True),
            "seq_mib_s": ("seq", "mib_s", True)}
 
 
@@ -518,6 +524,7 @@ class Line:
         self.info = {}          # how it was set up, for bench.json
         self.modes = tuple(
             m for m in MODES if m in ("qd1", "qd32") or
+            (m == "par" and key in PAR_LINES) or
             (m == "seq" and key in SEQ_LINES) or
             (m == "qd1w" and key in WRITE_LINES))
         self.runs = {m: [] for m in self.modes}
@@ -870,6 +877,11 @@ def fio_cmd(dev, mode, args, runtime=None):
         cmd += ["--ioengine=psync", "--iodepth=1"]
     elif seq:
         cmd += ["--ioengine=" + args.qd32_engine, f"--iodepth={SEQ_QD}"]
+    elif mode == "par":
+        # two submitters, one per vCPU in a 2-vCPU guest, QD16 each: the
+        # load a default of one queue per CPU is for
+        cmd += ["--ioengine=" + args.qd32_engine, f"--iodepth={QD32 // 2}",
+                "--numjobs=2", "--group_reporting"]
     else:
         cmd += ["--ioengine=" + args.qd32_engine, f"--iodepth={QD32}"]
     return cmd
@@ -1027,9 +1039,11 @@ def fmt_ratio(c):
 # metric -> (column title, digits)
 COLUMNS = (("mean_us", "QD1 read mean µs", 1), ("p50_us", "p50", 1),
            ("p99_us", "p99", 1), ("qd32_iops", "QD32 IOPS", 0),
+           ("par_iops", "2×QD16 IOPS", 0),
            ("seq_mib_s", "128K seq MiB/s", 0),
            ("w_mean_us", "QD1 write µs", 1))
 RATIO_COLUMNS = (("mean_us", "QD1 read mean"), ("qd32_iops", "QD32 IOPS"),
+                 ("par_iops", "2×QD16 IOPS"),
                  ("seq_mib_s", "128K seq"), ("w_mean_us", "QD1 write mean"))
 
 
@@ -1044,7 +1058,8 @@ def report_rows(doc, summary):
                            f"{e.get('error')}")
             continue
         cells = [fmt_stat(s[m], d) if m in ("mean_us", "qd32_iops",
-                                             "seq_mib_s", "w_mean_us")
+                                             "par_iops", "seq_mib_s",
+                                             "w_mean_us")
                  else (f"{s[m][0]:.{d}f}" if s[m] else "-")
                  for m, _, d in COLUMNS]
         rows.append([e["label"], key, *cells,
@@ -1077,7 +1092,8 @@ def print_report(doc, out=sys.stdout):
     cfg = doc["config"]
     print(file=out)
     print(f"4 KiB random reads over the first {cfg['region'] >> 20} MiB, "
-          f"O_DIRECT; QD1: psync, QD32: {cfg['qd32_engine']}; 128 KiB "
+          f"O_DIRECT; QD1: psync, QD32 and 2 jobs x QD16: "
+          f"{cfg['qd32_engine']}; 128 KiB "
           f"sequential reads at QD{SEQ_QD}; {cfg['samples']} interleaved "
           f"rounds of {cfg['runtime_s']}s", file=out)
     for title, header, rows, note in report_rows(doc, summary):
@@ -1175,6 +1191,11 @@ def report(path, host_meta=None):
     write bench.md and draw bench.png next to it."""
     path = Path(path)
     doc = json.loads(path.read_text())
+    # from the rounds, by this version's rules (a run of an older one may
+    # lack a mode or a metric)
+    doc["summary"] = {k: summarize(e) for k, e in doc["lines"].items()
+                      if ok_runs(e, "qd1")}
+    doc["targets"] = evaluate_targets(doc, doc["summary"])
     if host_meta:
         try:
             doc["meta"]["host"] = json.loads(Path(host_meta).read_text())
