@@ -142,7 +142,8 @@ test-debug: guest-deps
 	$(Q)./tools/debug-kernel test $(PYTEST_ARGS)
 
 # bench-deps may fail (no Rust toolchain): the ublk lines then say why
-# they were not measured, and the rest is measured all the same
+# they were not measured, the rest is measured all the same (and make bench
+# exits 1, as for any line not measured)
 bench: guest-deps
 	$(Q)./tools/bench-deps.sh || echo "make bench: no rublk: the ublk lines will not be measured"
 	$(Q)$(MAKE) all

@@ -58,7 +58,13 @@ def variants(every, picked):
     ids = [p.id for p in every]
     unknown = set(picked) - set(ids)
     assert not unknown, f"variants(): no case {sorted(unknown)} in {ids}"
-    return [p for p in every if p.id in picked]
+    chosen = [p for p in every if p.id in picked]
+    for i in range(len(every[0].values)):
+        lost = ({p.values[i] for p in every} -
+                {p.values[i] for p in chosen})
+        assert not lost, (f"variants(): {sorted(map(str, lost))} of "
+                          f"parameter {i} would never run in make test")
+    return chosen
 
 COUNTERS_RE = re.compile(
     r"^ramdisk: reads=(\d+) writes=(\d+) flushes=(\d+) fua=(\d+) "

@@ -48,7 +48,11 @@ if installed; then
 fi
 
 cargo=${CARGO:-$(command -v cargo || true)}
-[ -n "$cargo" ] || [ ! -x "$HOME/.cargo/bin/cargo" ] || cargo=$HOME/.cargo/bin/cargo
+# rustup's place, also for sudo (whose PATH and HOME are root's)
+for home in "${HOME:-}" ${SUDO_USER:+"$(getent passwd "$SUDO_USER" | cut -d: -f6)"}; do
+	[ -z "$cargo" ] && [ -n "$home" ] && [ -x "$home/.cargo/bin/cargo" ] &&
+		cargo=$home/.cargo/bin/cargo
+done
 if [ -z "$cargo" ]; then
 	cat >&2 <<EOF
 bench-deps: cargo not found: rublk (ublk's server, the bench's ublk lines)
@@ -59,7 +63,10 @@ EOF
 	exit 1
 fi
 
-mkdir -p "$CACHE"
+if ! mkdir -p "$CACHE" 2>/dev/null || [ ! -w "$CACHE" ]; then
+	echo "bench-deps: cannot write $CACHE: run as root, or set HYBD_CACHE to a directory of yours" >&2
+	exit 1
+fi
 echo "bench-deps: building rublk $RUBLK_VERSION with $cargo into $DEST (once; minutes)"
 log=$CACHE/rublk-$RUBLK_VERSION.build.log
 # a half-built tree from an interrupted run is not reused

@@ -22,8 +22,9 @@ interleaved round-robin, and reports medians, per-round ranges and ratios:
   kloop        the kernel loop device over a file (direct I/O)
   uloop        ublk's loop target (rublk, 1 queue, direct I/O) over
                kloop's file
-  hloop        examples/loop (hybd-loop) over the same kind of file: one
-               io_uring per queue, O_DIRECT
+  hloop1       examples/loop (hybd-loop) over the same kind of file: one
+               io_uring per queue, O_DIRECT; 1 queue, as uloop
+  hloop        the same with the library's default queues
   bloop        the BPF loop device: hybd-loop --remap + bpf/loop.bpf.o
                over kloop's file: every request remapped to it in the
                kernel (direct I/O on the request's pages)
@@ -137,6 +138,9 @@ LINES = {
     "nbd": ("nbd + nbdkit", None),
     "kloop": ("kernel loop (file)", None),
     "uloop": ("ublk loop (file)", None),
+    "hloop1": ("hybd-loop, 1 queue (file)",
+               dict(prog=None, data=True, poll_ns=0, fast=False,
+                    server="loop", queues=1)),
     "hloop": ("hybd-loop (file)",
               dict(prog=None, data=True, poll_ns=0, fast=False,
                    server="loop")),
@@ -169,14 +173,15 @@ LINES = {
 MODES = ("qd1", "qd32", "par", "seq", "qd1w")
 # the lines measured in "seq" (128 KiB sequential reads) too
 SEQ_LINES = ("nullblk", "unull1", "unull", "hnull1", "hnull", "noprog1",
-             "noprog", "kloop", "uloop", "hloop", "bloop", "dmcrypt",
-             "encslow", "encfast", "enccache", "ddslow", "ddmslow", "ddremap")
+             "noprog", "kloop", "uloop", "hloop1", "hloop", "bloop",
+             "dmcrypt", "encslow", "encfast", "enccache", "ddslow", "ddmslow",
+             "ddremap")
 # the lines measured in "par" (2 submitters: 2 fio jobs at QD16) too
 PAR_LINES = ("nullblk", "unull1", "unull", "hnull1", "hnull", "noprog1",
-             "noprog", "kloop", "uloop", "hloop", "bloop", "dmcrypt",
-             "encslow", "ddslow", "ddremap")
+             "noprog", "kloop", "uloop", "hloop1", "hloop", "bloop",
+             "dmcrypt", "encslow", "ddslow", "ddremap")
 # the lines measured in "qd1w" (4 KiB random writes, QD1) too
-WRITE_LINES = ("kloop", "uloop", "hloop", "bloop", "dmcrypt", "encslow",
+WRITE_LINES = ("kloop", "uloop", "hloop1", "hloop", "bloop", "dmcrypt", "encslow",
                "ddslow")
 
 # The comparisons the report prints (and --only takes by name): what a
@@ -191,8 +196,8 @@ COMPARISONS = (
     ("nbd", "the slow path against nbd + nbdkit",
      [("noprog", "nbd")]),
     ("loop", "the loop drivers over one kind of file",
-     [("uloop", "kloop"), ("hloop", "uloop"), ("hloop", "kloop"),
-      ("bloop", "kloop")]),
+     [("uloop", "kloop"), ("hloop1", "uloop"), ("hloop", "uloop"),
+      ("hloop", "kloop"), ("bloop", "kloop")]),
     ("crypt", "encrypt against dm-crypt (same cipher and key)",
      [("encslow", "dmcrypt"), ("encfast", "dmcrypt"),
       ("enccache", "dmcrypt")]),
@@ -665,10 +670,13 @@ def setup_hybd(line, ctx):
     # 4 KiB requests only: small per-tag buffers keep ring memory low with
     # one ramdisk per line
     args = ["--max-io", "128K"]
+    if spec.get("queues"):
+        args += ["--queues", str(spec["queues"])]
     if spec.get("server") == "loop":
         if not os.access(LOOP, os.X_OK):
             raise BenchError(f"{LOOP} is not built (make examples)")
-        server = Ramdisk([*args, backing_file(ctx, "hloop.img")], exe=LOOP)
+        server = Ramdisk([*args, backing_file(ctx, f"{line.key}.img")],
+                         exe=LOOP)
     elif spec.get("server") == "bloop":
         if not os.access(LOOP, os.X_OK):
             raise BenchError(f"{LOOP} is not built (make examples)")
@@ -697,8 +705,6 @@ def setup_hybd(line, ctx):
         args += ["--size", str(ctx.args.ramdisk_size)]
         if spec.get("server") == "null":
             args.append("--null")
-        if spec.get("queues"):
-            args += ["--queues", str(spec["queues"])]
         if spec["poll_ns"]:
             args += ["--poll-ns", str(spec["poll_ns"])]
         server = Ramdisk(args)
@@ -803,9 +809,11 @@ def setup_rublk(line, ctx, target, queues, extra=()):
     ctx.next_ublk += 1
     cmd = [RUBLK, "add", target, "-n", str(dev_id), "-q", str(queues),
            *extra]
-    run(cmd, timeout=120)
+    # the delete is registered first: an add that fails half-way may have
+    # made the device (and its daemon) all the same
     ctx.cleanup.push(f"rublk del -n {dev_id}", run,
-                     [RUBLK, "del", "-n", str(dev_id)])
+                     [RUBLK, "del", "-n", str(dev_id)], 60, False)
+    run(cmd, timeout=120)
     dev = f"/dev/ublkb{dev_id}"
     wait_until(lambda: os.path.exists(dev), 30, dev)
     listing = run([RUBLK, "list", "-n", str(dev_id)], check=False).stdout
@@ -838,6 +846,7 @@ def setup_uloop(line, ctx):
     line.info["backing"] = path
 
 
+SETUP_FIRST = ("kloop", "encslow")
 SETUP = {"nullblk": setup_nullblk, "nbd": setup_nbd, "kloop": setup_kloop,
          "dmcrypt": setup_dmcrypt, "unull1": setup_unull1,
          "unull": setup_unull, "uloop": setup_uloop}
@@ -863,10 +872,13 @@ def no_scheduler(dev):
 def fio_cmd(dev, mode, args, runtime=None):
     seq = mode == "seq"
     rw = "read" if seq else "randwrite" if mode == "qd1w" else "randread"
+    # the writes go to the region after the one read, so that the data the
+    # reads find (a disk image's mix, holes included) is the same each round
+    offset = args.region if mode == "qd1w" else 0
     cmd = ["fio", "--output-format=json", "--name=" + mode,
            "--filename=" + dev, "--rw=" + rw,
            f"--bs={SEQ_BS if seq else BS}", "--direct=1",
-           "--size=" + str(args.region), "--offset=0", "--time_based",
+           "--size=" + str(args.region), f"--offset={offset}", "--time_based",
            f"--runtime={runtime or args.runtime}", "--norandommap",
            "--randrepeat=0",
            "--invalidate=0", "--percentile_list=50:99:99.9",
@@ -947,9 +959,20 @@ def ok_runs(entry, mode):
     return [r for r in entry["runs"].get(mode, []) if "error" not in r]
 
 
-def stat_of(entry, mode, key):
+def metric_value(metric, run):
+    """One round's value of a metric (QD1 IOPS: 1e6 / its mean latency)."""
+    key = METRICS[metric][1]
+    v = run.get(key)
+    if v is None:
+        return None
+    return 1e6 / v if metric == "qd1_iops" and v else v
+
+
+def stat_of(entry, mode, key, metric=None):
     """(median, min, max) over the rounds of one mode, or None."""
-    vals = [r[key] for r in ok_runs(entry, mode) if r.get(key) is not None]
+    vals = [metric_value(metric, r) if metric else r.get(key)
+            for r in ok_runs(entry, mode)]
+    vals = [v for v in vals if v is not None]
     if not vals:
         return None
     return statistics.median(vals), min(vals), max(vals)
@@ -959,10 +982,7 @@ def summarize(entry):
     """A line's medians and ranges, by metric (and QD1's percentiles)."""
     s = {}
     for metric, (mode, key, _) in METRICS.items():
-        st = stat_of(entry, mode, key)
-        if st and metric == "qd1_iops":
-            st = (1e6 / st[0], 1e6 / st[2], 1e6 / st[1])
-        s[metric] = st
+        s[metric] = stat_of(entry, mode, key, metric)
     for key in ("p50_us", "p99_us", "p999_us"):
         s[key] = stat_of(entry, "qd1", key)
     s["rounds"] = {m: len(ok_runs(entry, m)) for m in entry["runs"]}
@@ -983,29 +1003,31 @@ def ratio(a, b):
     return a / b if a is not None and b else None
 
 
-def paired_range(doc, key, ref, metric):
-    """min, max of the per-round ratio line/ref of one metric (for
-    qd1_iops, ref's latency over the line's)."""
-    mode, fkey, _ = METRICS[metric]
+def paired_ratios(doc, key, ref, metric):
+    """The per-round ratios line/ref of one metric: each round of a line
+    against the same round of its reference, measured minutes apart, so
+    that what made a whole round slow cancels."""
+    mode = METRICS[metric][0]
     lines = doc["lines"]
     if key not in lines or ref not in lines:
-        return None
+        return []
     theirs = {r["round"]: r for r in ok_runs(lines[ref], mode)}
     vals = []
     for r in ok_runs(lines[key], mode):
         other = theirs.get(r["round"])
-        if other and r.get(fkey) and other.get(fkey):
-            vals.append(other[fkey] / r[fkey] if metric == "qd1_iops"
-                        else r[fkey] / other[fkey])
-    return (min(vals), max(vals)) if vals else None
+        a = metric_value(metric, r)
+        b = metric_value(metric, other) if other else None
+        if a and b:
+            vals.append(a / b)
+    return vals
 
 
 def compare(doc, summary, key, ref, metric):
-    """(median ratio, (round min, round max)) of line/ref, or None."""
-    r = ratio(med(summary.get(key), metric), med(summary.get(ref), metric))
-    if r is None:
+    """(median of the per-round ratios, (lowest, highest)), or None."""
+    vals = paired_ratios(doc, key, ref, metric)
+    if not vals:
         return None
-    return r, paired_range(doc, key, ref, metric)
+    return statistics.median(vals), (min(vals), max(vals))
 
 
 def evaluate_targets(doc, summary):
@@ -1081,8 +1103,8 @@ def report_rows(doc, summary):
             tables.append((f"{name}: {what}",
                            ["line / reference",
                             *(t for _, t in RATIO_COLUMNS)], crow,
-                           "ratio of the medians (lowest–highest round "
-                           "ratio); latency: lower is better, IOPS and "
+                           "median of the per-round ratios (lowest–highest "
+                           "round); latency: lower is better, IOPS and "
                            "MiB/s: higher"))
     return tables
 
@@ -1316,8 +1338,9 @@ def parse_args():
         ap.error("--samples and --runtime must be >= 1, --warmup >= 0")
     if args.region % BS or args.region <= 0:
         ap.error("--region must be a positive multiple of 4K")
-    if args.ramdisk_size < args.region:
-        ap.error("--ramdisk-size must hold --region")
+    if args.ramdisk_size < 2 * args.region:
+        ap.error("--ramdisk-size must hold twice --region (the reads' region, "
+                 "then the writes')")
     args.lines = [k for k in args.only if k not in args.skip]
     if not args.lines:
         ap.error("no line left to run")
@@ -1326,6 +1349,35 @@ def parse_args():
     if read_text("/proc/sys/kernel/io_uring_disabled") not in (None, "0"):
         args.qd32_engine = "libaio"
     return args
+
+
+def document(lines, args, info, t0):
+    """bench.json: how it ran, every round of every line, the summary."""
+    info = dict(info, loadavg_after=read_text("/proc/loadavg"))
+    doc = {"version": 2, "meta": info,
+           "config": {"bs": BS, "region": args.region,
+                      "samples": args.samples, "runtime_s": args.runtime,
+                      "qd32_engine": args.qd32_engine, "qd32": QD32,
+                      "seq_bs": SEQ_BS, "seq_qd": SEQ_QD,
+                      "ramdisk_size": args.ramdisk_size,
+                      "fio": {m: fio_cmd("DEV", m, args) for m in MODES}},
+           "lines": {k: {"label": ln.label, "hybd": bool(ln.hybd),
+                         "device": ln.dev, "setup": ln.info,
+                         "error": ln.error, "runs": ln.runs}
+                     for k, ln in lines.items()},
+           "elapsed_s": round(time.monotonic() - t0, 1)}
+    doc["summary"] = {k: summarize(e) for k, e in doc["lines"].items()
+                      if ok_runs(e, "qd1")}
+    doc["targets"] = evaluate_targets(doc, doc["summary"])
+    return doc
+
+
+def save_document(doc, args):
+    out = Path(args.results) / "bench.json"
+    tmp = out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    tmp.replace(out)
+    return out
 
 
 class Context:
@@ -1339,10 +1391,12 @@ class Context:
         self.next_ublk = 0          # the next ublk device's id
 
 
-def measure(lines, args):
+def measure(lines, args, save=None):
     """Every line, every mode, args.samples rounds, round-robin; each
-    round starts one line further on, so that no line always runs right
-    after the same neighbour."""
+    round starts one line further on, and every other round runs the lines
+    in reverse, so that no line always runs right after (or before) the
+    same neighbour, nor always before the line it is compared with.
+    save() is called after each round."""
     live = [ln for ln in lines.values() if ln.dev]
     if args.warmup and live:
         # the first fio run of a boot is slow and noisy (cold caches)
@@ -1356,8 +1410,11 @@ def measure(lines, args):
     total = args.samples * sum(len(ln.modes) for ln in live)
     for rnd in range(args.samples):
         first = rnd % len(live)
+        order = live[first:] + live[:first]
+        if rnd % 2:
+            order.reverse()
         for mode in MODES:
-            for line in live[first:] + live[:first]:
+            for line in order:
                 if mode not in line.modes:
                     continue
                 n += 1
@@ -1382,6 +1439,8 @@ def measure(lines, args):
                     what = f"{r['iops']:10.0f} IOPS"
                 say(f"[{n:3}/{total}] round {rnd + 1} {mode:4} "
                     f"{line.key:<11} {what}{fast}  ({r['wall_s']:.1f}s)")
+        if save:
+            save()
 
 
 def main():
@@ -1417,7 +1476,10 @@ def main():
             except BenchError as e:
                 hybd_missing = str(e)
                 say(f"no hybd line can run: {e}")
-        for line in lines.values():
+        # the lines that others reuse the file of come first (bloop and
+        # uloop take kloop's, dmcrypt encslow's); the table keeps its order
+        for line in sorted(lines.values(),
+                           key=lambda ln: ln.key not in SETUP_FIRST):
             say(f"setting up {line.key}: {line.label}")
             try:
                 if line.hybd and hybd_missing:
@@ -1429,7 +1491,10 @@ def main():
                 line.dev, line.error = None, str(e)
                 say(f"{line.key}: NOT MEASURED: {e}")
         info = meta(args)
-        measure(lines, args)
+        # every round is kept as it ends: a run stopped by the guest's
+        # timeout (or by hand) keeps what it measured
+        measure(lines, args, lambda: save_document(
+            document(lines, args, info, t0), args))
         for line in lines.values():
             if line.hybd and line.dev:
                 try:
@@ -1444,30 +1509,14 @@ def main():
         status = 1
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if info:
+            save_document(document(lines, args, info, t0), args)
         ctx.cleanup.run()
         shutil.rmtree(tmp, ignore_errors=True)
 
-    info = info or meta(args)
-    info["loadavg_after"] = read_text("/proc/loadavg")
-    doc = {"version": 2, "meta": info,
-           "config": {"bs": BS, "region": args.region,
-                      "samples": args.samples, "runtime_s": args.runtime,
-                      "qd32_engine": args.qd32_engine, "qd32": QD32,
-                      "seq_bs": SEQ_BS, "seq_qd": SEQ_QD,
-                      "ramdisk_size": args.ramdisk_size,
-                      "fio": {m: fio_cmd("DEV", m, args) for m in MODES}},
-           "lines": {k: {"label": ln.label, "hybd": bool(ln.hybd),
-                         "device": ln.dev, "setup": ln.info,
-                         "error": ln.error, "runs": ln.runs}
-                     for k, ln in lines.items()},
-           "elapsed_s": round(time.monotonic() - t0, 1)}
-    doc["summary"] = {k: summarize(e) for k, e in doc["lines"].items()
-                      if ok_runs(e, "qd1")}
-    doc["targets"] = evaluate_targets(doc, doc["summary"])
+    doc = document(lines, args, info or meta(args), t0)
     print_report(doc)
-    out = Path(args.results) / "bench.json"
-    out.write_text(json.dumps(doc, indent=1) + "\n")
-    say(f"every sample: {out}")
+    say(f"every sample: {save_document(doc, args)}")
 
     if any(ln.error for ln in lines.values()) or ctx.cleanup.failed:
         status = status or 1
