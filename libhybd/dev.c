@@ -484,24 +484,43 @@ static void stop_workers(struct hybd_dev *dev)
 }
 
 /*
- * Where the worker of queue @i runs: on the CPUs blk-mq maps to the queue
- * (those this process may use), else on one CPU chosen round-robin.
+ * Where the worker of queue @i runs.  blk-mq sends a queue the requests
+ * submitted on its CPUs; a worker that shares one of those CPUs with the
+ * submitter takes turns with it (each wakeup preempts the submitter), so
+ * that one busy submitter gets a fraction of one CPU's worth of I/O while
+ * the others idle.  The worker therefore runs *beside* its submitters: on
+ * the CPUs (this process may use) that blk-mq maps to other queues, where
+ * the scheduler picks an idle one.  A single queue, or a process confined
+ * to its queue's CPUs, has nowhere beside: the worker then may run on any
+ * CPU the process may.  HYBD_CFG_QUEUE_AFFINITY keeps the placement before
+ * 1.8: on the queue's own CPUs (else one CPU, round-robin).
+ *
+ * Returns false when the worker is best left unpinned.
  */
-static void worker_cpus(struct hybd_dev *dev, unsigned int i,
+static bool worker_cpus(struct hybd_dev *dev, unsigned int i,
 			const cpu_set_t *allowed, cpu_set_t *set)
 {
 	unsigned int cpus[CPU_SETSIZE];
+	cpu_set_t own;
 	int n, k;
 
-	CPU_ZERO(set);
+	CPU_ZERO(&own);
 	n = dev->features & HYBD_F_QUEUE_CPUS ?
 	    hybd_queue_cpus(dev, i, cpus, CPU_SETSIZE) : 0;
 	for (k = 0; k < n && k < CPU_SETSIZE; k++) {
-		if (CPU_ISSET(cpus[k], allowed))
-			CPU_SET(cpus[k], set);
+		if (cpus[k] < CPU_SETSIZE && CPU_ISSET(cpus[k], allowed))
+			CPU_SET(cpus[k], &own);
 	}
-	if (!CPU_COUNT(set))
-		CPU_SET(nth_cpu(allowed, i), set);
+	if (dev->lib_flags & HYBD_CFG_QUEUE_AFFINITY) {
+		*set = own;
+		if (!CPU_COUNT(set))
+			CPU_SET(nth_cpu(allowed, i), set);
+		return true;
+	}
+	if (n <= 0)
+		return false;	/* an old module: where does it submit? */
+	CPU_XOR(set, allowed, &own);	/* own is a subset of allowed */
+	return CPU_COUNT(set) > 0;
 }
 
 /* Wait until every started worker has run queue_init; its verdict. */
@@ -550,10 +569,8 @@ static int start_workers(struct hybd_dev *dev)
 		struct hybd_queue *q = &dev->queues[i];
 
 		pthread_attr_init(&attr);
-		if (pin) {
-			worker_cpus(dev, i, &allowed, &set);
+		if (pin && worker_cpus(dev, i, &allowed, &set))
 			pthread_attr_setaffinity_np(&attr, sizeof(set), &set);
-		}
 		q->init_state = 0;
 		pthread_mutex_lock(&dev->lock);
 		dev->nr_running++;

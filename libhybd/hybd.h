@@ -57,7 +57,7 @@ extern "C" {
 #include <stddef.h>
 
 #define HYBD_LIB_VERSION_MAJOR	1
-#define HYBD_LIB_VERSION_MINOR	7
+#define HYBD_LIB_VERSION_MINOR	8
 /* what hybd_lib_version() returns for a given version */
 #define HYBD_LIB_VERSION(major, minor)	(((major) << 16) | (minor))
 
@@ -89,6 +89,12 @@ unsigned int hybd_lib_version(void);
  * again to the new one.  Needs HYBD_F_RECOVERY.
  */
 #define HYBD_CFG_ATTACH		(1U << 1)
+/*
+ * Since 1.8: pin each worker on the CPUs that submit to its queue, the
+ * placement before 1.8 (see hybd_dev_start()).  Best only when the
+ * submitters leave those CPUs idle between requests.
+ */
+#define HYBD_CFG_QUEUE_AFFINITY	(1U << 2)
 
 /*
  * Device parameters.  Always start from hybd_config_init(); the kernel checks
@@ -137,7 +143,8 @@ struct hybd_config {
  * CPUs to a queue beyond that), depth 64, 128 KiB max I/O (larger requests
  * are split by the block layer), no busy-polling, a 30 s I/O timeout (a
  * request the handlers have not completed by then fails with EIO), any
- * device id, workers pinned, handlers run by the worker.
+ * device id, workers placed beside their queues' CPUs (hybd_dev_start()),
+ * handlers run by the worker.
  *
  * Memory: each queue pins depth * max_io bytes of kernel memory shared with
  * the server (plus its rings), so these defaults pin at most 8 MiB per
@@ -290,13 +297,20 @@ int hybd_run_sized(const struct hybd_config *cfg, size_t cfg_size,
 /*
  * hybd_dev_start - start the workers, then the block device.
  *
- * Spawns one worker thread per queue with every signal blocked, pinned to
- * the CPUs blk-mq maps to its queue (hybd_queue_cpus()) that this process
- * may run on, or round-robin to one of those if none is (not at all with
- * HYBD_CFG_NO_AFFINITY); waits for each queue_init hook; then asks the
+ * Spawns one worker thread per queue with every signal blocked; waits for
+ * each queue_init hook; then asks the
  * kernel to add /dev/hybdN.  That blocks while the
  * kernel scans the partition table, which the workers already serve.  A
  * device is started once.
+ *
+ * Where the workers run: beside their submitters.  blk-mq sends a queue
+ * the requests submitted on its CPUs (hybd_queue_cpus()); a worker that
+ * shared those CPUs would take turns with its submitter, one request per
+ * turn.  So each worker may run on every CPU the process may use except
+ * its own queue's, and the scheduler picks an idle one; with one queue
+ * (or nothing beside) it may run anywhere the process may.  Not pinned at
+ * all with HYBD_CFG_NO_AFFINITY; on the queue's own CPUs with
+ * HYBD_CFG_QUEUE_AFFINITY (the placement before 1.8).
  *
  * RETURN VALUE: 0, or a negative errno (workers are stopped again):
  * -EALREADY if started before, what a queue_init hook returned.

@@ -114,22 +114,8 @@ def test_blocking_handlers_in_flight_per_queue(slowdrv, threads, want):
 
 # ------------------------------------------------------------ worker placing
 
-def test_workers_sit_on_the_cpus_blk_mq_maps_to_their_queue(slowdrv):
-    ncpu = os.cpu_count()
-    srv = slowdrv("--queues", str(ncpu))
-    name = os.path.basename(srv.dev)
-    nq = len(os.listdir(f"/sys/block/{name}/mq"))
-    assert nq == ncpu
-    reported = {}
-    for line in srv.out:
-        m = re.match(r"queue (\d+) cpus ([\d,]*)$", line.strip())
-        if m:
-            reported[int(m.group(1))] = m.group(2)
-    for q in range(nq):
-        sysfs = Path(f"/sys/block/{name}/mq/{q}/cpu_list").read_text().strip()
-        want = ",".join(str(c) for c in expand_cpu_list(sysfs))
-        assert reported.get(q) == want, (q, reported, sysfs)
-    # each worker thread (hybdN-qM) is pinned to its queue's CPUs
+def worker_cpus(srv, name):
+    """{queue: sorted CPUs its worker thread (hybdN-qM) may run on}."""
     seen = {}
     for tid in os.listdir(f"/proc/{srv.pid}/task"):
         comm = Path(f"/proc/{srv.pid}/task/{tid}/comm").read_text().strip()
@@ -138,9 +124,51 @@ def test_workers_sit_on_the_cpus_blk_mq_maps_to_their_queue(slowdrv):
             continue
         status = Path(f"/proc/{srv.pid}/task/{tid}/status").read_text()
         allowed = re.search(r"^Cpus_allowed_list:\s*(\S+)$", status, re.M)
-        seen[int(m.group(1))] = ",".join(
-            str(c) for c in expand_cpu_list(allowed.group(1)))
-    assert seen == reported, (seen, reported)
+        seen[int(m.group(1))] = expand_cpu_list(allowed.group(1))
+    return seen
+
+
+@pytest.mark.parametrize("placement", ["beside", "queue-affinity",
+                                       "no-affinity"])
+def test_workers_run_beside_the_cpus_that_submit_to_their_queue(
+        slowdrv, placement):
+    """blk-mq sends a queue what its CPUs submit; by default the queue's
+    worker runs on every other CPU (never sharing one with its submitter),
+    with --queue-affinity on exactly its queue's CPUs, with --no-affinity
+    anywhere."""
+    ncpu = os.cpu_count()
+    flags = [] if placement == "beside" else [f"--{placement}"]
+    srv = slowdrv("--queues", str(ncpu), *flags)
+    name = os.path.basename(srv.dev)
+    nq = len(os.listdir(f"/sys/block/{name}/mq"))
+    assert nq == ncpu
+    reported = {}
+    for line in srv.out:
+        m = re.match(r"queue (\d+) cpus ([\d,]*)$", line.strip())
+        if m:
+            reported[int(m.group(1))] = [int(c) for c in
+                                         m.group(2).split(",") if c]
+    everything = sorted(os.sched_getaffinity(srv.pid))
+    want = {}
+    for q in range(nq):
+        sysfs = Path(f"/sys/block/{name}/mq/{q}/cpu_list").read_text().strip()
+        assert reported.get(q) == expand_cpu_list(sysfs), (q, reported, sysfs)
+        if placement == "queue-affinity":
+            want[q] = reported[q]
+        elif placement == "no-affinity":
+            want[q] = everything
+        else:
+            want[q] = ([c for c in everything if c not in reported[q]]
+                       or everything)
+    assert worker_cpus(srv, name) == want, (reported, everything)
+    srv.stop()
+
+
+def test_one_queue_worker_may_run_on_any_cpu(slowdrv):
+    """Nothing lies beside a single queue's CPUs: its worker is free."""
+    srv = slowdrv("--queues", "1")
+    name = os.path.basename(srv.dev)
+    assert worker_cpus(srv, name) == {0: sorted(os.sched_getaffinity(srv.pid))}
     srv.stop()
 
 

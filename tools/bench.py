@@ -12,6 +12,8 @@ interleaved round-robin, and reports medians, per-round ranges and ratios:
   hnull1       hybd null server (examples/ramdisk --null), 1 queue: the
                slow path doing what ublk's null target does (nothing)
   hnull        the same with the library's default queues
+  hnullq       the same with its workers on their queues' own CPUs
+               (--queue-affinity: the library's placement before 1.8)
   noprog1      hybd ramdisk (copies its data), 1 queue, no program
   noprog       hybd ramdisk, default queues, no program: the slow path
   passthrough  hybd ramdisk + passthrough.bpf.o: what the hook costs
@@ -123,6 +125,9 @@ LINES = {
     "hnull": ("hybd null",
               dict(prog=None, data=False, poll_ns=0, fast=False,
                    server="null")),
+    "hnullq": ("hybd null, workers on queue CPUs",
+               dict(prog=None, data=False, poll_ns=0, fast=False,
+                    server="null", flags=["--queue-affinity"])),
     "noprog1": ("hybd ramdisk, 1 queue",
                 dict(prog=None, data=True, poll_ns=0, fast=False, queues=1)),
     "noprog": ("hybd ramdisk",
@@ -172,12 +177,12 @@ LINES = {
 }
 MODES = ("qd1", "qd32", "par", "seq", "qd1w")
 # the lines measured in "seq" (128 KiB sequential reads) too
-SEQ_LINES = ("nullblk", "unull1", "unull", "hnull1", "hnull", "noprog1",
+SEQ_LINES = ("nullblk", "unull1", "unull", "hnull1", "hnull", "hnullq", "noprog1",
              "noprog", "kloop", "uloop", "hloop1", "hloop", "bloop",
              "dmcrypt", "encslow", "encfast", "enccache", "ddslow", "ddmslow",
              "ddremap")
 # the lines measured in "par" (2 submitters: 2 fio jobs at QD16) too
-PAR_LINES = ("nullblk", "unull1", "unull", "hnull1", "hnull", "noprog1",
+PAR_LINES = ("nullblk", "unull1", "unull", "hnull1", "hnull", "hnullq", "noprog1",
              "noprog", "kloop", "uloop", "hloop1", "hloop", "bloop",
              "dmcrypt", "encslow", "ddslow", "ddremap")
 # the lines measured in "qd1w" (4 KiB random writes, QD1) too
@@ -189,6 +194,7 @@ WRITE_LINES = ("kloop", "uloop", "hloop1", "hloop", "bloop", "dmcrypt", "encslow
 COMPARISONS = (
     ("slowpath", "the slow path against ublk's (the same work: none)",
      [("hnull1", "unull1"), ("hnull", "unull"), ("hnull", "unull1"),
+      ("hnullq", "hnull"),
       ("noprog1", "hnull1"), ("noprog", "hnull"), ("poll", "noprog"),
       ("passthrough", "noprog")]),
     ("fastpath", "fast-path hits against null_blk",
@@ -707,7 +713,7 @@ def setup_hybd(line, ctx):
             args.append("--null")
         if spec["poll_ns"]:
             args += ["--poll-ns", str(spec["poll_ns"])]
-        server = Ramdisk(args)
+        server = Ramdisk(args + spec.get("flags", []))
     ctx.cleanup.push("stop the ramdisk", server.stop)
     server.wait_ready()
     line.dev = server.dev
@@ -1324,6 +1330,11 @@ def parse_args():
                     "HYBD_RESULTS", str(REPO / "results")),
                     help="directory for bench.json "
                          "(default $HYBD_RESULTS, else results/)")
+    ap.add_argument("--trace", action="store_true",
+                    help="measure nothing: trace each line at QD1 and QD32 "
+                         "(tools/reqtrace.py: the stages of a request, "
+                         "context switches and wakeups per I/O, CPU shares) "
+                         "into RESULTS/trace.json")
     ap.add_argument("--report", metavar="BENCH_JSON",
                     help="measure nothing: print the report of an earlier "
                          "run again, write its bench.md and draw its "
@@ -1443,6 +1454,66 @@ def measure(lines, args, save=None):
             save()
 
 
+def trace_lines(lines, args, info):
+    """--trace: where each line's time goes (tools/reqtrace.py)."""
+    import reqtrace
+
+    out = {"meta": info, "lines": {}}
+    status = 0
+    for line in lines.values():
+        if not line.dev:
+            continue
+        res = out["lines"][line.key] = {"label": line.label}
+        for qd in (1, QD32):
+            try:
+                res[f"qd{qd}"] = reqtrace.trace(line.dev, qd)
+            except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+                say(f"trace {line.key} QD{qd}: {e}")
+                res[f"qd{qd}"] = {"error": str(e)}
+                status = 1
+        save_trace(out, args)
+    print_trace(out)
+    say(f"traces: {save_trace(out, args)}")
+    return status
+
+
+def save_trace(doc, args):
+    path = Path(args.results) / "trace.json"
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    return path
+
+
+def print_trace(doc, out=sys.stdout):
+    """The traces as tables: QD1 stage medians; per-I/O counts."""
+    import reqtrace
+
+    keys = list(doc["lines"])
+    print("\nQD1 stages, median us (n requests with the stage)", file=out)
+    print(f"{'stage':<9}" + "".join(f"{k:>16}" for k in keys), file=out)
+    for stage in (*reqtrace.STAGES, "total"):
+        row = f"{stage:<9}"
+        for k in keys:
+            st = doc["lines"][k].get("qd1", {}).get("stages", {}).get(stage)
+            row += (f"{st['median_us']:>9.1f} ({st['n']:>4})" if st
+                    else f"{'-':>16}")
+        print(row, file=out)
+    for qd in (1, QD32):
+        print(f"\nQD{qd}: per I/O, and each CPU's time by task", file=out)
+        for k in keys:
+            r = doc["lines"][k].get(f"qd{qd}", {})
+            if "error" in r or not r:
+                print(f"  {k:<10} {r.get('error', 'not traced')}", file=out)
+                continue
+            shares = "; ".join(
+                f"cpu{c}: " + ", ".join(f"{w} {100 * v:.0f}%"
+                                        for w, v in d.items())
+                for c, d in r["cpu_share"].items())
+            print(f"  {k:<10} {r['ios']:>6} I/Os  switches "
+                  f"{r['switches_per_io']}  wakeups {r['wakeups_per_io']} "
+                  f"(cross-CPU {r['cross_cpu_wakeups_per_io']})  {shares}",
+                  file=out)
+
+
 def main():
     args = parse_args()
     if args.report:
@@ -1491,6 +1562,8 @@ def main():
                 line.dev, line.error = None, str(e)
                 say(f"{line.key}: NOT MEASURED: {e}")
         info = meta(args)
+        if args.trace:
+            return trace_lines(lines, args, info)
         # every round is kept as it ends: a run stopped by the guest's
         # timeout (or by hand) keeps what it measured
         measure(lines, args, lambda: save_document(
@@ -1509,7 +1582,7 @@ def main():
         status = 1
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        if info:
+        if info and not args.trace:
             save_document(document(lines, args, info, t0), args)
         ctx.cleanup.run()
         shutil.rmtree(tmp, ignore_errors=True)

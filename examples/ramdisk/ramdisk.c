@@ -6,7 +6,7 @@
  *           [--lbs N] [--pbs N] [--poll-ns N] [--no-write-cache] [--id N]
  *           [--io-timeout SECONDS] [--max-write-zeroes BYTES]
  *           [--zero-writes] [--bpf PROG.bpf.o] [--backing FILE | --null]
- *           [--recovery SECONDS] [--attach]
+ *           [--recovery SECONDS] [--attach] [--queue-affinity]
  *
  * It creates /dev/hybdN, prints "ready /dev/hybdN" once the disk exists and
  * serves it until SIGINT or SIGTERM.  Then it deletes the device (the
@@ -202,7 +202,7 @@ static const char usage[] =
 	"               [--lbs N] [--pbs N] [--poll-ns N] [--no-write-cache] [--id N]\n"
 	"               [--io-timeout SECONDS] [--max-write-zeroes BYTES]\n"
 	"               [--zero-writes] [--bpf PROG.bpf.o] [--backing FILE | --null]\n"
-	"               [--recovery SECONDS] [--attach]\n";
+	"               [--recovery SECONDS] [--attach] [--queue-affinity]\n";
 
 static const char *bpf_path;	/* --bpf */
 static const char *backing;	/* --backing */
@@ -230,6 +230,8 @@ static void parse_args(int argc, char **argv, struct hybd_config *cfg)
 		{ "recovery", required_argument, NULL, 'R' },
 		{ "attach", no_argument, NULL, 'A' },
 		{ "null", no_argument, NULL, 'N' },
+		/* workers on their queues' CPUs (the placement before 1.8) */
+		{ "queue-affinity", no_argument, NULL, 'Q' },
 		{ NULL, 0, NULL, 0 },
 	};
 	int c, i = 0;
@@ -257,6 +259,7 @@ static void parse_args(int argc, char **argv, struct hybd_config *cfg)
 		case 'R': cfg->recovery_timeout = number(name, optarg, UINT32_MAX); break;
 		case 'A': cfg->lib_flags |= HYBD_CFG_ATTACH; break;
 		case 'N': null_mode = true; break;
+		case 'Q': cfg->lib_flags |= HYBD_CFG_QUEUE_AFFINITY; break;
 		case 'W':
 			/* nothing cached: no flush, no FUA */
 			cfg->flags &= ~HYBD_DEV_F_WRITE_CACHE;

@@ -6,6 +6,7 @@
  *
  *   slowdrv [--size BYTES] [--queues N] [--threads N] [--delay-ms N]
  *           [--idle-batch] [--recovery SECONDS] [--attach --id N]
+ *           [--queue-affinity | --no-affinity]
  *   slowdrv --after-delete
  *
  * Prints "ready /dev/hybdN", then one line per queue
@@ -22,6 +23,8 @@
  * end even when the handover is seen before the worker idles.
  * --recovery and --attach --id N: as hybd-loop's (a new slowdrv starts
  * with zeroed memory: for tests that read only).
+ *
+ * --queue-affinity, --no-affinity: HYBD_CFG_QUEUE_AFFINITY, _NO_AFFINITY.
  *
  * --after-delete: create and start with the explicit calls, delete the
  * device from outside (hybd_ctl_del), wait for the workers, and only then
@@ -222,6 +225,8 @@ int main(int argc, char **argv)
 		{ "recovery", required_argument, NULL, 'R' },
 		{ "attach", no_argument, NULL, 'a' },
 		{ "id", required_argument, NULL, 'i' },
+		{ "queue-affinity", no_argument, NULL, 'Q' },
+		{ "no-affinity", no_argument, NULL, 'N' },
 		{ NULL, 0, NULL, 0 },
 	};
 	struct slow s = { 0 };
@@ -241,6 +246,8 @@ int main(int argc, char **argv)
 		case 'R': cfg.recovery_timeout = atoi(optarg); break;
 		case 'a': cfg.lib_flags |= HYBD_CFG_ATTACH; break;
 		case 'i': cfg.dev_id = atoi(optarg); break;
+		case 'Q': cfg.lib_flags |= HYBD_CFG_QUEUE_AFFINITY; break;
+		case 'N': cfg.lib_flags |= HYBD_CFG_NO_AFFINITY; break;
 		default: return 2;
 		}
 	}
