@@ -4,6 +4,8 @@ hybd_run(), the thread pool, worker placement, an io_uring backend served
 by one thread per queue (examples/loop), the ABI of an older hybd.h, and
 what a device's memory costs."""
 
+import errno
+import mmap
 import os
 import re
 from pathlib import Path
@@ -199,7 +201,8 @@ def test_loop_over_io_uring_passes_fio_verify_at_qd32_from_one_worker(
         servers, backing):
     need_built(LOOP, "examples/loop/hybd-loop")
     img = backing(128 * MiB)
-    srv = servers.start([LOOP, "--queues", "1", str(img)])
+    # through io_uring even where the file cannot do non-blocking I/O
+    srv = servers.start([LOOP, "--queues", "1", "--always-uring", str(img)])
     rc, data, res = fio(["--name=verify", f"--filename={srv.dev}",
                          "--rw=randwrite", "--bs=4k", "--direct=1",
                          "--ioengine=libaio", "--iodepth=32", "--size=64M",
@@ -221,6 +224,49 @@ def test_loop_over_io_uring_passes_fio_verify_at_qd32_from_one_worker(
     requests, max_inflight = stats[0]
     assert requests >= 2 * 16384, stats        # the writes and the verify
     assert max_inflight >= 16, stats
+
+
+def test_loop_serves_a_file_without_nowait_in_its_worker(servers):
+    """A file that cannot do non-blocking I/O (tmpfs) would cost an io-wq
+    thread hop per request: hybd-loop reads and writes it in the worker,
+    and says so; a file that can goes through io_uring."""
+    need_built(LOOP, "examples/loop/hybd-loop")
+    path = Path("/dev/shm/hybd-loop-nowait.img")
+    with open(path, "wb") as f:
+        f.truncate(16 * MiB)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        buf = mmap.mmap(-1, 4096)
+        try:
+            os.preadv(fd, [buf], 0, os.RWF_NOWAIT)
+            nowait = True
+        except OSError as e:
+            assert e.errno in (errno.EOPNOTSUPP, errno.EAGAIN), e
+            nowait = e.errno != errno.EOPNOTSUPP
+        finally:
+            os.close(fd)
+        srv = servers.start([LOOP, "--queues", "1", str(path)])
+        said = any("cannot do non-blocking I/O" in ln for ln in srv.out)
+        assert said == (not nowait), srv.out
+        rc, data, res = fio(["--name=verify", f"--filename={srv.dev}",
+                             "--rw=randwrite", "--bs=4k", "--direct=1",
+                             "--ioengine=libaio", "--iodepth=16",
+                             "--size=8M", "--verify=crc32c",
+                             "--verify_fatal=1", "--do_verify=1",
+                             "--randrepeat=0"])
+        assert rc == 0 and data["jobs"][0]["error"] == 0, res.stdout[-2000:]
+        probe = pattern("nowait-probe", 1 * MiB)
+        direct_write(srv.dev, 12 * MiB, probe)
+        srv.stop()
+        with open(path, "rb") as f:
+            f.seek(12 * MiB)
+            assert f.read(MiB) == probe
+        requests, max_inflight = loop_queue_stats(srv)[0]
+        assert requests >= 4096, requests
+        # in place, nothing is ever in the ring; through it, up to 16
+        assert (max_inflight == 0) == (not nowait), max_inflight
+    finally:
+        path.unlink()
 
 
 def test_loop_flush_discard_and_write_zeroes_reach_the_file(servers, backing):

@@ -6,7 +6,7 @@
  *   hybd-loop [--queues N] [--depth N] [--max-io BYTES] [--buffered]
  *             [--block-size BYTES] [--io-timeout SECONDS] [--id N]
  *             [--bpf PROG.bpf.o] [--recovery SECONDS] [--attach]
- *             [--remap[=ro]] FILE
+ *             [--remap[=ro]] [--always-uring] FILE
  *
  * The device has FILE's size (a multiple of 4 KiB); FILE is a regular file
  * or a block device (which takes no discards).  It prints "ready
@@ -22,6 +22,11 @@
  * completes the requests (hybd_queue_watch_fd).  So one thread keeps up to
  * the queue depth in flight, and neither side costs more than one system
  * call per batch.
+ *
+ * A file that cannot do non-blocking I/O (one on tmpfs) would cost a
+ * thread hop per request in io_uring (its io-wq); its reads and writes are
+ * done by the worker itself, in place (it says so at start), unless
+ * --always-uring.
  *
  * By default the file is opened O_DIRECT, so the page cache is not used
  * twice (a file system on /dev/hybdN has its own); --buffered does not.
@@ -58,6 +63,7 @@
 #include <linux/fs.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "hybd.h"
@@ -69,6 +75,8 @@ struct loop {
 	const char *bpf_path;
 	bool remap;			/* --remap */
 	bool remap_ro;			/* --remap=ro */
+	/* FILE cannot do non-blocking I/O: reads and writes done in place */
+	bool sync_rw;
 	const char *path;
 };
 
@@ -136,14 +144,67 @@ static int started(struct hybd_io *io, int ret)
 	return ret;
 }
 
+/*
+ * A file that cannot do non-blocking I/O (tmpfs, say): io_uring would hand
+ * each read and write to a thread of its own (io-wq), one more wakeup per
+ * request, and a thread per request in flight.  The worker does them in
+ * place instead, as the kernel loop's worker does.
+ */
+static int sync_rw(struct hybd_io *io, void *buf, uint64_t offset,
+		   uint32_t len)
+{
+	struct loop *lo = hybd_io_priv(io);
+	struct loop_queue *lq = hybd_queue_priv(hybd_io_hwq(io));
+	bool rd = hybd_io_op(io) == HYBD_OP_READ;
+	int flags = !rd && (hybd_io_flags(io) & HYBD_IO_F_FUA) ? RWF_DSYNC : 0;
+	uint32_t done = 0;
+
+	lq->requests++;
+	while (done < len) {
+		struct iovec iov = { (char *)buf + done, len - done };
+		ssize_t n = rd ? preadv2(lo->fd, &iov, 1, offset + done, 0) :
+				 pwritev2(lo->fd, &iov, 1, offset + done,
+					  flags);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return -errno;
+		if (n == 0)
+			return -EIO;	/* end of file inside the device */
+		done += n;
+	}
+	return 0;
+}
+
 static int loop_read(struct hybd_io *io, void *buf, uint64_t offset,
 		     uint32_t len)
 {
+	struct loop *lo = hybd_io_priv(io);
 	struct loop_req *req = hybd_io_data(io);
 
-	(void)buf, (void)offset, (void)len;
+	if (lo->sync_rw)
+		return sync_rw(io, buf, offset, len);
 	req->done = 0;
 	return started(io, queue_rw(io));
+}
+
+/*
+ * Can @fd do non-blocking reads (FMODE_NOWAIT)?  Asked with a read of the
+ * first block that may not wait: a file that cannot says EOPNOTSUPP.
+ */
+static bool can_nowait(int fd)
+{
+	struct iovec iov = { .iov_len = 4096 };
+	bool ret = true;
+
+	iov.iov_base = aligned_alloc(4096, 4096);
+	if (!iov.iov_base)
+		return true;
+	if (preadv2(fd, &iov, 1, 0, RWF_NOWAIT) < 0 && errno == EOPNOTSUPP)
+		ret = false;
+	free(iov.iov_base);
+	return ret;
 }
 
 static int loop_write(struct hybd_io *io, const void *buf, uint64_t offset,
@@ -242,13 +303,20 @@ static void loop_reap(struct hybd_queue *q, int fd, void *arg)
 		io_uring_submit(&lq->ring);
 }
 
-/* Everything visible is handed out: submit it in one go. */
+/*
+ * Everything visible is handed out: submit it in one go.  What completed
+ * during the submission (a read the page cache or tmpfs had) is reaped at
+ * once, from the ring in memory: the worker then hands it to the kernel
+ * without first sleeping in poll() to learn what it can see already.
+ */
 static void loop_idle(struct hybd_queue *q)
 {
 	struct loop_queue *lq = hybd_queue_priv(q);
 
 	if (io_uring_sq_ready(&lq->ring))
 		io_uring_submit(&lq->ring);
+	if (io_uring_cq_ready(&lq->ring))
+		loop_reap(q, lq->ring.ring_fd, NULL);
 }
 
 static int loop_queue_init(struct hybd_queue *q)
@@ -364,7 +432,7 @@ static const char usage[] =
 	"usage: hybd-loop [--queues N] [--depth N] [--max-io BYTES] [--buffered]\n"
 	"                 [--block-size BYTES] [--io-timeout SECONDS] [--id N]\n"
 	"                 [--bpf PROG.bpf.o] [--recovery SECONDS] [--attach]\n"
-	"                 [--remap[=ro]] FILE\n";
+	"                 [--remap[=ro]] [--always-uring] FILE\n";
 
 static uint64_t number(const char *name, const char *s)
 {
@@ -392,6 +460,7 @@ int main(int argc, char **argv)
 		{ "attach", no_argument, NULL, 'A' },
 		{ "remap", optional_argument, NULL, 'r' },
 		{ "block-size", required_argument, NULL, 'l' },
+		{ "always-uring", no_argument, NULL, 'U' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -399,6 +468,7 @@ int main(int argc, char **argv)
 	struct hybd_config cfg;
 	uint64_t size;
 	int c, i = 0, flags = O_RDWR | O_CLOEXEC | O_DIRECT, ret;
+	bool always_uring = false;
 	struct stat st;
 
 	hybd_config_init(&cfg);
@@ -410,6 +480,7 @@ int main(int argc, char **argv)
 		case 'd': cfg.queue_depth = number(name, optarg); break;
 		case 'm': cfg.max_io_bytes = number(name, optarg); break;
 		case 'B': flags &= ~O_DIRECT; break;
+		case 'U': always_uring = true; break;
 		case 't': cfg.io_timeout = number(name, optarg); break;
 		case 'i': cfg.dev_id = number(name, optarg); break;
 		case 'b': lo.bpf_path = optarg; break;
@@ -454,6 +525,10 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	lo.path = argv[optind];
+	lo.sync_rw = !always_uring && !can_nowait(lo.fd);
+	if (lo.sync_rw)
+		printf("%s cannot do non-blocking I/O: reads and writes are done by the workers\n",
+		       lo.path);
 	cfg.size = size;
 	cfg.io_priv_size = sizeof(struct loop_req);
 	if (cfg.lib_flags & HYBD_CFG_ATTACH) {
