@@ -65,6 +65,12 @@ guest's command line and load before and after.  On the host, tools/vm-run
 then runs `bench.py --report` on it: the host's load and other guests go
 into bench.json, the tables into bench.md, the chart into bench.png.
 
+--trace measures nothing: it traces each selected line (tools/reqtrace.py:
+the stages of one request, context switches, wakeups and cross-CPU wakeups
+per I/O, and which task ran on which CPU) at QD1 and QD32 4 KiB and QD1
+128 KiB, into RESULTS/trace.json: where the time goes, which the medians
+above do not say (docs/slow-path.md).
+
 Run as root: tools/vm-run bench [ARGS], or directly on a >= 6.12 host.
 Exit status: 0 when every selected line was measured (whether the targets
 are met or not: this reports numbers, it does not judge the build), 1 when a
@@ -1332,6 +1338,7 @@ def parse_args():
                          "(default $HYBD_RESULTS, else results/)")
     ap.add_argument("--trace", action="store_true",
                     help="measure nothing: trace each line at QD1 and QD32 "
+                         "(4 KiB) and QD1 128 KiB "
                          "(tools/reqtrace.py: the stages of a request, "
                          "context switches and wakeups per I/O, CPU shares) "
                          "into RESULTS/trace.json")
@@ -1454,6 +1461,10 @@ def measure(lines, args, save=None):
             save()
 
 
+# --trace: (name, depth, block size) of each traced run
+TRACES = (("qd1", 1, BS), ("qd32", QD32, BS), ("qd1_128k", 1, SEQ_BS))
+
+
 def trace_lines(lines, args, info):
     """--trace: where each line's time goes (tools/reqtrace.py)."""
     import reqtrace
@@ -1464,12 +1475,12 @@ def trace_lines(lines, args, info):
         if not line.dev:
             continue
         res = out["lines"][line.key] = {"label": line.label}
-        for qd in (1, QD32):
+        for name, qd, bs in TRACES:
             try:
-                res[f"qd{qd}"] = reqtrace.trace(line.dev, qd)
+                res[name] = reqtrace.trace(line.dev, qd, bs=bs)
             except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-                say(f"trace {line.key} QD{qd}: {e}")
-                res[f"qd{qd}"] = {"error": str(e)}
+                say(f"trace {line.key} {name}: {e}")
+                res[name] = {"error": str(e)}
                 status = 1
         save_trace(out, args)
     print_trace(out)
@@ -1488,19 +1499,24 @@ def print_trace(doc, out=sys.stdout):
     import reqtrace
 
     keys = list(doc["lines"])
-    print("\nQD1 stages, median us (n requests with the stage)", file=out)
-    print(f"{'stage':<9}" + "".join(f"{k:>16}" for k in keys), file=out)
-    for stage in (*reqtrace.STAGES, "total"):
-        row = f"{stage:<9}"
+    for name, _, bs in TRACES:
+        if name.startswith("qd1"):
+            print(f"\n{name}: stages of {bs >> 10} KiB reads, median us "
+                  "(n requests with the stage)", file=out)
+            print(f"{'stage':<9}" + "".join(f"{k:>16}" for k in keys),
+                  file=out)
+            for stage in (*reqtrace.STAGES, "total"):
+                row = f"{stage:<9}"
+                for k in keys:
+                    st = doc["lines"][k].get(name, {}).get(
+                        "stages", {}).get(stage)
+                    row += (f"{st['median_us']:>9.1f} ({st['n']:>4})" if st
+                            else f"{'-':>16}")
+                print(row, file=out)
+    for name, _, _ in TRACES:
+        print(f"\n{name}: per I/O, and each CPU's time by task", file=out)
         for k in keys:
-            st = doc["lines"][k].get("qd1", {}).get("stages", {}).get(stage)
-            row += (f"{st['median_us']:>9.1f} ({st['n']:>4})" if st
-                    else f"{'-':>16}")
-        print(row, file=out)
-    for qd in (1, QD32):
-        print(f"\nQD{qd}: per I/O, and each CPU's time by task", file=out)
-        for k in keys:
-            r = doc["lines"][k].get(f"qd{qd}", {})
+            r = doc["lines"][k].get(name, {})
             if "error" in r or not r:
                 print(f"  {k:<10} {r.get('error', 'not traced')}", file=out)
                 continue

@@ -3,10 +3,10 @@
 """reqtrace.py - where a block request's time goes, from the kernel's own
 trace points (ftrace through tracefs: no tool to install).
 
-  reqtrace.py DEV [--qd N] [--seconds S] [--json FILE]
+  reqtrace.py DEV [--qd N] [--bs BYTES] [--seconds S] [--json FILE]
 
-Runs fio on DEV (4 KiB random reads; QD1 with psync, else io_uring at
---qd) and traces one second of it: the submitter's and the server's
+Runs fio on DEV (random reads of --bs, 4 KiB by default; QD1 with psync,
+else io_uring at --qd) and traces one second of it: the submitter's and the server's
 syscalls, sched_wakeup/sched_switch, block_rq_issue/complete.  Then:
 
 * at QD1, the stages of each request, medians in microseconds:
@@ -102,9 +102,9 @@ def teardown():
     tfs("buffer_size_kb", "1408")
 
 
-def fio_cmd(dev, qd, seconds):
+def fio_cmd(dev, qd, seconds, bs):
     cmd = ["fio", "--output-format=json", "--name=trace", "--filename=" + dev,
-           "--rw=randread", "--bs=4096", "--direct=1", "--size=16M",
+           "--rw=randread", f"--bs={bs}", "--direct=1", "--size=16M",
            "--time_based", f"--runtime={seconds + 2}", "--norandommap",
            "--randrepeat=0", "--invalidate=0", "--thread", "--disk_util=0"]
     if qd == 1:
@@ -114,11 +114,11 @@ def fio_cmd(dev, qd, seconds):
     return cmd
 
 
-def capture(dev, qd, seconds):
+def capture(dev, qd, seconds, bs):
     """Run fio, trace @seconds of its middle; the trace's lines."""
     setup(dev)
     try:
-        fio = subprocess.Popen(fio_cmd(dev, qd, seconds),
+        fio = subprocess.Popen(fio_cmd(dev, qd, seconds, bs),
                                stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
         out = []
@@ -307,9 +307,9 @@ def stages(events):
     return out
 
 
-def trace(dev, qd=1, seconds=1):
-    events = parse(capture(dev, qd, seconds))
-    res = {"qd": qd, "seconds": seconds, **counts(events),
+def trace(dev, qd=1, seconds=1, bs=4096):
+    events = parse(capture(dev, qd, seconds, bs))
+    res = {"qd": qd, "bs": bs, "seconds": seconds, **counts(events),
            "cpu_share": occupancy(events)}
     if qd == 1:
         res["stages"] = stages(events)
@@ -320,10 +320,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("dev")
     ap.add_argument("--qd", type=int, default=1)
+    ap.add_argument("--bs", type=int, default=4096)
     ap.add_argument("--seconds", type=float, default=1)
     ap.add_argument("--json", help="write the result here too")
     args = ap.parse_args()
-    res = trace(args.dev, args.qd, args.seconds)
+    res = trace(args.dev, args.qd, args.seconds, args.bs)
     text = json.dumps(res, indent=1)
     print(text)
     if args.json:
