@@ -898,6 +898,20 @@ static void hybd_remap_work(struct work_struct *work)
 }
 
 /*
+ * Hand @first and those after it, oldest first, to the unbound worker.
+ * Reversed, they go on the list (a stack) in one push, newest on top, as
+ * if pushed one by one in their order: the worker's llist_reverse_order()
+ * restores it, behind any pushed meanwhile.  @first ends up the last.
+ */
+static void hybd_remap_requeue(struct hybd_queue *q, struct llist_node *first)
+{
+	struct llist_node *top = llist_reverse_order(first);
+
+	if (llist_add_batch(top, first, &q->remap_list))
+		queue_work(q->dev->remap_batch_wq, &q->remap_work);
+}
+
+/*
  * A queue's reads and writes: start the batch that waits, in the order
  * it came.  Targets that can say they would wait (FMODE_NOWAIT: most file
  * systems, block devices) are asked not to, and what would wait goes to
@@ -914,16 +928,13 @@ static void hybd_remap_work(struct work_struct *work)
  */
 static void hybd_remap_batch(struct hybd_queue *q, bool alone)
 {
-	struct llist_node *list, *last;
+	struct llist_node *list;
 	struct hybd_remap *r, *next;
 	unsigned int pflags;
 
 	list = llist_reverse_order(llist_del_all(&q->remap_list));
 	if (alone && list && list->next) {
-		for (last = list->next; last->next; last = last->next)
-			;
-		if (llist_add_batch(list->next, last, &q->remap_list))
-			queue_work(q->dev->remap_batch_wq, &q->remap_work);
+		hybd_remap_requeue(q, list->next);
 		list->next = NULL;
 	}
 	pflags = hybd_remap_worker_enter();
@@ -954,18 +965,24 @@ static void hybd_remap_local_work(struct work_struct *work)
  * Queue a read or write for its queue's workers (any context): the first
  * on an empty list queues a work, which takes those that follow.  A
  * request alone on its queue (no other in flight, and none behind it in
- * its dispatch: @last) is started by a worker of the CPU that queued it,
- * mostly the submitter's, which waits for it: no other CPU to wake.
- * Under load, batches go to an unbound worker, so that what the target
- * does in the call (a copy) runs beside the submitters, as in the loop
- * driver.  Both may run at once, on separate batches.
+ * its dispatch: @last) from a submitter that waits for it is started by
+ * a worker of the CPU that queued it, which the submitter leaves idle:
+ * no other CPU to wake.  A submitter that does not wait would take turns
+ * with that worker on its CPU (its wakeup preempts the submitter), one
+ * request a turn while the other CPUs idle: a request marked REQ_NOWAIT
+ * (io_uring's, which reaps its completions later) goes to the unbound
+ * worker, as batches do under load, so that what the target does in the
+ * call (a copy) runs beside the submitters, as in the loop driver.  (An
+ * aio submitter does not mark its requests: it still takes turns.)  Both
+ * works may run at once, on separate batches.
  */
 static void hybd_remap_queue(struct hybd_queue *q, struct hybd_tag *t,
 			     bool last)
 {
 	if (!llist_add(&t->remap.node, &q->remap_list))
 		return;
-	if (last && atomic_read(&q->remaps) == 1)
+	if (last && atomic_read(&q->remaps) == 1 &&
+	    !(t->rq->cmd_flags & REQ_NOWAIT))
 		queue_work(q->dev->remap_local_wq, &q->remap_local_work);
 	else
 		queue_work(q->dev->remap_batch_wq, &q->remap_work);

@@ -330,10 +330,11 @@ struct hybd_dev *hybd_dev_create(const struct hybd_params *p, u32 id)
 	 * load from an unbound worker, as loop's, since a file system may do
 	 * a remap's I/O in the worker (a copy, a page cache fill), which
 	 * should not take the submitting CPU; a request alone from a worker
-	 * of its CPU.  That one is not WQ_HIGHPRI: it must not preempt a
-	 * submitter that goes on (fio at depth), which would then submit
-	 * one request at a time, each served on its CPU while the others
-	 * idle; a submitter that waits leaves it the CPU at once.  What may
+	 * of its CPU.  That one is not WQ_HIGHPRI, but even so a wakeup of
+	 * it can preempt a submitter that goes on (fio at depth), which
+	 * would then submit one request at a time, each served on its CPU
+	 * while the others idle: hybd_remap_queue() keeps io_uring's
+	 * requests off it; one that waits leaves it the CPU at once.  What may
 	 * wait (a flush, a read or write that would block) runs in a work of
 	 * its tag's, beside them.
 	 */
