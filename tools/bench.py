@@ -6,7 +6,8 @@ side in one guest boot (make bench).
 Runs fio over the same small region of several block devices, the lines
 interleaved round-robin, and reports medians, per-round ranges and ratios:
 
-  nullblk      null_blk, memory-backed: the in-kernel limit
+  nullblk      null_blk, memory-backed: the in-kernel limit (nullb0; a
+               second device, nullb1, is bloopb's and dmlinear's target)
   unull1       ublk's null target (rublk), 1 queue: the slow path's peer
   unull        the same with as many queues as hybd's default (one per CPU)
   hnull1       hybd null server (examples/ramdisk --null), 1 queue: the
@@ -30,17 +31,26 @@ interleaved round-robin, and reports medians, per-round ranges and ratios:
   bloop        the BPF loop device: hybd-loop --remap + bpf/loop.bpf.o
                over kloop's file: every request remapped to it in the
                kernel (direct I/O on the request's pages)
+  bloopb       the BPF loop over a block device: hybd-loop --remap
+               /dev/nullb1 (null_blk, memory-backed, as nullblk's) +
+               bpf/loop.bpf.o
+  dmlinear     dm-linear over the same /dev/nullb1: the kernel's remap
   dmcrypt      dm-crypt, plain mode with the same cipher and key, on a loop
                device over the encslow line's backing file (or a file of
                its own, written the same way, without that line)
+  dmcryptnw    the same with --perf-no_read_workqueue and
+               --perf-no_write_workqueue (no kcryptd workqueues), on a
+               loop device of its own over the same file
   encslow      examples/encrypt (AES-256-XTS, 512-byte sectors) over a
                sparse file, --no-fast-path, over a disk image's mix: a
                third never written (holes), a third duplicates of 16
                blocks, a third unique
+  encslow1     the same with 1 queue
   encfast      the same with its fast path (encrypt.bpf.o): holes in the
                kernel, the rest decrypted by the slow path
   enccache     the same with --cache (encrypt-cache.bpf.o), warm
   ddslow       examples/dedup over a store file, --no-fast-path, same mix
+  ddslow1      the same with 1 queue
   ddfast       the same with its fast path (dedup.bpf.o), warm: holes
                from its exact map, the rest from its cache
   ddmslow      examples/dedup, --no-fast-path, over mapped blocks only
@@ -49,7 +59,7 @@ interleaved round-robin, and reports medians, per-round ranges and ratios:
                its chunk in the store, in the kernel (no cache to answer)
 
 --only and --skip take line keys and the names of the comparisons the
-report prints (slowpath, fastpath, nbd, loop, crypt, dedup): `make bench
+report prints (slowpath, fastpath, nbd, loop, loopbdev, crypt, dedup): `make bench
 BENCH_ARGS='--only loop'` measures the loop drivers alone.
 
 Every line is measured at QD1 (psync, 4 KiB random reads: mean, p50, p99,
@@ -111,6 +121,8 @@ RUBLK = Path(os.environ.get("HYBD_RUBLK") or CACHE / "rublk" / "bin" / "rublk")
 BS = 4096
 QD32 = 32
 NULLB_DEV = "/dev/nullb0"
+NULLB_TARGET = "/dev/nullb1"
+DM_LINEAR = "hybdbenchlin"
 NBD_DEV = "/dev/nbd0"
 DM_NAME = "hybdbench"
 SEQ_BS = 128 << 10
@@ -158,10 +170,19 @@ LINES = {
     "bloop": ("BPF loop (remap)",
               dict(prog="loop", data=True, poll_ns=0, fast=True,
                    server="bloop")),
+    "bloopb": ("BPF loop on null_blk (remap)",
+               dict(prog="loop", data=False, poll_ns=0, fast=True,
+                    server="bloop", bdev=True)),
+    "dmlinear": ("dm-linear on null_blk", None),
     "dmcrypt": ("dm-crypt (plain, loop)", None),
+    "dmcryptnw": ("dm-crypt, no workqueues", None),
     "encslow": ("encrypt, no fast path",
                 dict(prog=None, data="mix", poll_ns=0, fast=False,
                      server="encrypt", flags=["--no-fast-path"])),
+    "encslow1": ("encrypt, no fast path, 1 queue",
+                 dict(prog=None, data="mix", poll_ns=0, fast=False,
+                      server="encrypt", flags=["--no-fast-path"],
+                      queues=1)),
     "encfast": ("encrypt + fast path",
                 dict(prog=None, data="mix", poll_ns=0, fast=False,
                      server="encrypt", flags=[])),
@@ -171,6 +192,9 @@ LINES = {
     "ddslow": ("dedup, no fast path",
                dict(prog=None, data="mix", poll_ns=0, fast=False,
                     server="dedup")),
+    "ddslow1": ("dedup, no fast path, 1 queue",
+                dict(prog=None, data="mix", poll_ns=0, fast=False,
+                     server="dedup", queues=1)),
     "ddfast": ("dedup + fast path",
                dict(prog=None, data="mix", poll_ns=0, fast=True,
                     server="dedup")),
@@ -185,15 +209,19 @@ MODES = ("qd1", "qd32", "par", "seq", "qd1w")
 # the lines measured in "seq" (128 KiB sequential reads) too
 SEQ_LINES = ("nullblk", "unull1", "unull", "hnull1", "hnull", "hnullq", "noprog1",
              "noprog", "kloop", "uloop", "hloop1", "hloop", "bloop",
-             "dmcrypt", "encslow", "encfast", "enccache", "ddslow", "ddmslow",
-             "ddremap")
+             "bloopb", "dmlinear", "dmcrypt", "dmcryptnw", "encslow",
+             "encslow1", "encfast",
+             "enccache", "ddslow", "ddslow1", "ddmslow", "ddremap")
 # the lines measured in "par" (2 submitters: 2 fio jobs at QD16) too
 PAR_LINES = ("nullblk", "unull1", "unull", "hnull1", "hnull", "hnullq", "noprog1",
              "noprog", "kloop", "uloop", "hloop1", "hloop", "bloop",
-             "dmcrypt", "encslow", "ddslow", "ddremap")
+             "bloopb", "dmlinear", "dmcrypt", "dmcryptnw", "encslow",
+             "encslow1", "ddslow",
+             "ddslow1", "ddremap")
 # the lines measured in "qd1w" (4 KiB random writes, QD1) too
-WRITE_LINES = ("kloop", "uloop", "hloop1", "hloop", "bloop", "dmcrypt", "encslow",
-               "ddslow")
+WRITE_LINES = ("kloop", "uloop", "hloop1", "hloop", "bloop", "bloopb",
+               "dmlinear", "dmcrypt",
+               "dmcryptnw", "encslow", "encslow1", "ddslow", "ddslow1")
 
 # The comparisons the report prints (and --only takes by name): what a
 # user would pick instead of each hybd line.  (name, [(line, reference)])
@@ -210,11 +238,15 @@ COMPARISONS = (
     ("loop", "the loop drivers over one kind of file",
      [("uloop", "kloop"), ("hloop1", "uloop"), ("hloop", "uloop"),
       ("hloop", "kloop"), ("bloop", "kloop")]),
+    ("loopbdev", "the BPF loop against dm-linear on one block device",
+     [("bloopb", "dmlinear"), ("dmlinear", "nullblk")]),
     ("crypt", "encrypt against dm-crypt (same cipher and key)",
-     [("encslow", "dmcrypt"), ("encfast", "dmcrypt"),
-      ("enccache", "dmcrypt")]),
+     [("encslow", "dmcrypt"), ("encslow", "dmcryptnw"),
+      ("encslow1", "dmcrypt"), ("dmcryptnw", "dmcrypt"),
+      ("encfast", "dmcrypt"), ("enccache", "dmcrypt")]),
     ("dedup", "dedup against the kernel loop",
-     [("ddslow", "kloop"), ("ddfast", "kloop"), ("ddmslow", "kloop"),
+     [("ddslow", "kloop"), ("ddslow1", "kloop"), ("ddfast", "kloop"),
+      ("ddmslow", "kloop"),
       ("ddremap", "kloop"), ("ddremap", "ddmslow")]),
 )
 GROUPS = {name: list(dict.fromkeys(k for pair in pairs for k in pair))
@@ -275,10 +307,38 @@ TARGETS = (
      "hloop", "uloop", "mean_us", 1.0),
     ("hybd-loop default QD32 IOPS >= ublk loop default's",
      "hloop", "uloop", "qd32_iops", 1.0),
+    ("BPF loop 2 x QD16 IOPS >= kernel loop's",
+     "bloop", "kloop", "par_iops", 1.0),
+    ("BPF loop on a block device QD1 read mean <= dm-linear's",
+     "bloopb", "dmlinear", "mean_us", 1.0),
+    ("BPF loop on a block device QD32 IOPS >= dm-linear's",
+     "bloopb", "dmlinear", "qd32_iops", 1.0),
     ("encrypt QD1 mean <= 1.1x dm-crypt's",
      "encslow", "dmcrypt", "mean_us", 1.1),
     ("encrypt QD32 IOPS >= dm-crypt's",
      "encslow", "dmcrypt", "qd32_iops", 1.0),
+    ("encrypt 128K sequential >= dm-crypt's",
+     "encslow", "dmcrypt", "seq_mib_s", 1.0),
+    ("encrypt QD1 write mean <= 1.1x dm-crypt's",
+     "encslow", "dmcrypt", "w_mean_us", 1.1),
+    ("encrypt QD1 mean <= 1.1x dm-crypt's without workqueues",
+     "encslow", "dmcryptnw", "mean_us", 1.1),
+    ("encrypt QD32 IOPS >= dm-crypt's without workqueues",
+     "encslow", "dmcryptnw", "qd32_iops", 1.0),
+    ("encrypt 128K sequential >= dm-crypt's without workqueues",
+     "encslow", "dmcryptnw", "seq_mib_s", 1.0),
+    ("encrypt QD1 write mean <= 1.1x dm-crypt's without workqueues",
+     "encslow", "dmcryptnw", "w_mean_us", 1.1),
+    ("dedup remapped reads QD1 mean <= 1.15x the kernel loop's",
+     "ddremap", "kloop", "mean_us", 1.15),
+    ("dedup remapped reads QD32 IOPS >= 0.9x the kernel loop's",
+     "ddremap", "kloop", "qd32_iops", 0.9),
+    ("dedup slow-path reads QD1 mean <= 2x the kernel loop's",
+     "ddmslow", "kloop", "mean_us", 2.0),
+    ("dedup slow-path reads QD32 IOPS >= 0.7x the kernel loop's",
+     "ddmslow", "kloop", "qd32_iops", 0.7),
+    ("dedup QD1 write mean <= 3x the kernel loop's",
+     "ddslow", "kloop", "w_mean_us", 3.0),
     ("dedup remapped reads >= 3x slow path QD1 IOPS",
      "ddremap", "ddmslow", "qd1_iops", 3.0),
 )
@@ -575,18 +635,42 @@ def module_loaded(name):
     return Path(f"/sys/module/{name}").exists()
 
 
-def setup_nullblk(line, ctx):
+NULLB_PARAMS = ["nr_devices=2", "memory_backed=1", "gb=1", f"bs={BS}",
+                "queue_mode=2", "irqmode=0", "submit_queues=2"]
+
+
+def ensure_nullblk(ctx):
+    """null_blk loaded by us, once: /dev/nullb0 for the nullblk line,
+    /dev/nullb1 the block-device target of bloopb and dmlinear, each with
+    the region written."""
+    if ctx.nullblk:
+        return
     if module_loaded("null_blk"):
         raise BenchError("null_blk is already loaded (with unknown "
                          "parameters): rmmod null_blk first")
-    params = ["nr_devices=1", "memory_backed=1", "gb=1", f"bs={BS}",
-              "queue_mode=2", "irqmode=0", "submit_queues=2"]
-    run(["modprobe", "null_blk", *params])
+    run(["modprobe", "null_blk", *NULLB_PARAMS])
     ctx.cleanup.push("rmmod null_blk", run, ["modprobe", "-r", "null_blk"])
-    wait_until(lambda: os.path.exists(NULLB_DEV), 10, NULLB_DEV)
-    fill_region(NULLB_DEV, ctx.args.region)
+    for dev in (NULLB_DEV, NULLB_TARGET):
+        wait_until(lambda: os.path.exists(dev), 10, dev)
+        fill_region(dev, ctx.args.region)
+    ctx.nullblk = True
+
+
+def setup_nullblk(line, ctx):
+    ensure_nullblk(ctx)
     line.dev = NULLB_DEV
-    line.info = {"modprobe": "null_blk " + " ".join(params)}
+    line.info = {"modprobe": "null_blk " + " ".join(NULLB_PARAMS)}
+
+
+def setup_dmlinear(line, ctx):
+    ensure_nullblk(ctx)
+    sectors = int(run(["blockdev", "--getsz", NULLB_TARGET]).stdout)
+    table = f"0 {sectors} linear {NULLB_TARGET} 0"
+    run(["dmsetup", "create", DM_LINEAR, "--table", table])
+    ctx.cleanup.push(f"dmsetup remove {DM_LINEAR}", run,
+                     ["dmsetup", "remove", DM_LINEAR])
+    line.dev = os.path.realpath(f"/dev/mapper/{DM_LINEAR}")
+    line.info = {"table": table}
 
 
 def nbd_connected():
@@ -699,6 +783,10 @@ def setup_kloop(line, ctx):
     line.info = {"backing": path, "dio": read_text(str(dio)).strip()}
 
 
+def queue_args(spec):
+    return ["--queues", str(spec["queues"])] if spec.get("queues") else []
+
+
 def setup_hybd(line, ctx):
     spec = line.hybd
     # 4 KiB requests only: small per-tag buffers keep ring memory low with
@@ -714,8 +802,12 @@ def setup_hybd(line, ctx):
     elif spec.get("server") == "bloop":
         if not os.access(LOOP, os.X_OK):
             raise BenchError(f"{LOOP} is not built (make examples)")
-        # the kernel loop's own file when that line runs: the same file
-        path = ctx.kloop_backing or backing_file(ctx, "bloop.img")
+        if spec.get("bdev"):
+            ensure_nullblk(ctx)
+            path = NULLB_TARGET
+        else:
+            # the kernel loop's own file when that line runs: the same file
+            path = ctx.kloop_backing or backing_file(ctx, "bloop.img")
         server = Ramdisk([*args, "--remap", path], exe=LOOP)
     elif spec.get("server") == "encrypt":
         if not os.access(ENCRYPT, os.X_OK):
@@ -724,7 +816,7 @@ def setup_hybd(line, ctx):
         if line.key == "encslow":
             ctx.enc_backing = backing
         server = Ramdisk(["--key-file", bench_key(ctx), *spec["flags"],
-                          backing], exe=ENCRYPT)
+                          *queue_args(spec), backing], exe=ENCRYPT)
     elif spec.get("server") == "dedup":
         if not os.access(DEDUP, os.X_OK):
             raise BenchError(f"{DEDUP} is not built (make examples)")
@@ -734,7 +826,8 @@ def setup_hybd(line, ctx):
         obj = spec.get("bpf", "dedup.bpf.o")
         fast = (["--bpf", str(DEDUP.parent / obj)] if spec["fast"]
                 else ["--no-fast-path"])
-        server = Ramdisk(["serve", *fast, store], exe=DEDUP)
+        server = Ramdisk(["serve", *fast, *queue_args(spec), store],
+                         exe=DEDUP)
     else:
         args += ["--size", str(ctx.args.ramdisk_size)]
         if spec.get("server") == "null":
@@ -780,27 +873,37 @@ def bench_key(ctx):
     return path
 
 
-def setup_dmcrypt(line, ctx):
+def setup_dmcrypt(line, ctx, name=DM_NAME, perf=()):
     if not shutil.which("cryptsetup"):
         raise BenchError("cryptsetup is not installed (make guest-deps)")
     backing = ctx.enc_backing
     fill = backing is None
     if fill:
-        backing = backing_file(ctx, "dmcrypt.img")
+        backing = backing_file(ctx, f"{line.key}.img")
     ensure_loop(ctx)
+    # a loop device of its own, over the same file: a mapping holds its
+    # device exclusively
     loop = run(["losetup", "--find", "--show", backing]).stdout.strip()
     ctx.cleanup.push(f"losetup -d {loop}", run, ["losetup", "-d", loop])
     cmd = ["cryptsetup", "open", "--type", "plain", "--cipher",
            "aes-xts-plain64", "--key-size", "512", "--key-file",
-           bench_key(ctx), loop, DM_NAME]
+           bench_key(ctx), *perf, loop, name]
     run(cmd)
-    ctx.cleanup.push("cryptsetup close", run, ["cryptsetup", "close", DM_NAME])
-    dev = os.path.realpath(f"/dev/mapper/{DM_NAME}")
+    ctx.cleanup.push(f"cryptsetup close {name}", run,
+                     ["cryptsetup", "close", name])
+    dev = os.path.realpath(f"/dev/mapper/{name}")
     if fill:
         fill_mix(dev, ctx.args.region)
     line.dev = dev
     line.info = {"setup": " ".join(cmd), "backing": backing, "loop": loop,
                  "shared_with_encslow": not fill}
+
+
+def setup_dmcryptnw(line, ctx):
+    # dm-crypt's own option for fast devices: en- and decrypt in the
+    # submitter's and the completion's context, no kcryptd workqueues
+    setup_dmcrypt(line, ctx, DM_NAME + "nw",
+                  ["--perf-no_read_workqueue", "--perf-no_write_workqueue"])
 
 
 # ublk's flags (include/uapi/linux/ublk_cmd.h) up to what 6.12 knows
@@ -882,7 +985,9 @@ def setup_uloop(line, ctx):
 
 SETUP_FIRST = ("kloop", "encslow")
 SETUP = {"nullblk": setup_nullblk, "nbd": setup_nbd, "kloop": setup_kloop,
-         "dmcrypt": setup_dmcrypt, "unull1": setup_unull1,
+         "dmcrypt": setup_dmcrypt, "dmcryptnw": setup_dmcryptnw,
+         "dmlinear": setup_dmlinear,
+         "unull1": setup_unull1,
          "unull": setup_unull, "uloop": setup_uloop}
 
 
@@ -1428,6 +1533,7 @@ class Context:
         self.enc_backing = None     # the encslow line's, for dmcrypt
         self.kloop_backing = None   # the kloop line's, for bloop, uloop
         self.rublk = None           # rublk's version and features
+        self.nullblk = False        # null_blk loaded (ensure_nullblk)
         self.next_ublk = 0          # the next ublk device's id
 
 
