@@ -197,6 +197,17 @@ def expand_cpu_list(text):
 
 # ----------------------------------------------------- io_uring: examples/loop
 
+def write_stop_and_find(srv, path, offset, tag):
+    """Write 1 MiB through the device at @offset, stop its server: the
+    bytes are in the file @path at the same offset."""
+    probe = pattern(tag, 1 * MiB)
+    direct_write(srv.dev, offset, probe)
+    srv.stop()
+    with open(path, "rb") as f:
+        f.seek(offset)
+        assert f.read(MiB) == probe
+
+
 def test_loop_over_io_uring_passes_fio_verify_at_qd32_from_one_worker(
         servers, backing):
     need_built(LOOP, "examples/loop/hybd-loop")
@@ -213,12 +224,7 @@ def test_loop_over_io_uring_passes_fio_verify_at_qd32_from_one_worker(
     assert job["error"] == 0
     assert job["write"]["io_bytes"] == 64 * MiB
     # what the device holds is in the file, byte for byte
-    probe = pattern("loop-probe", 1 * MiB)
-    direct_write(srv.dev, 96 * MiB, probe)
-    srv.stop()
-    with open(img, "rb") as f:
-        f.seek(96 * MiB)
-        assert f.read(MiB) == probe
+    write_stop_and_find(srv, img, 96 * MiB, "loop-probe")
     stats = loop_queue_stats(srv)
     assert list(stats) == [0]
     requests, max_inflight = stats[0]
@@ -255,12 +261,7 @@ def test_loop_serves_a_file_without_nowait_in_its_worker(servers):
                              "--verify_fatal=1", "--do_verify=1",
                              "--randrepeat=0"])
         assert rc == 0 and data["jobs"][0]["error"] == 0, res.stdout[-2000:]
-        probe = pattern("nowait-probe", 1 * MiB)
-        direct_write(srv.dev, 12 * MiB, probe)
-        srv.stop()
-        with open(path, "rb") as f:
-            f.seek(12 * MiB)
-            assert f.read(MiB) == probe
+        write_stop_and_find(srv, path, 12 * MiB, "nowait-probe")
         requests, max_inflight = loop_queue_stats(srv)[0]
         assert requests >= 4096, requests
         # in place, nothing is ever in the ring; through it, up to 16
