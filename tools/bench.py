@@ -791,9 +791,7 @@ def setup_hybd(line, ctx):
     spec = line.hybd
     # 4 KiB requests only: small per-tag buffers keep ring memory low with
     # one ramdisk per line
-    args = ["--max-io", "128K"]
-    if spec.get("queues"):
-        args += ["--queues", str(spec["queues"])]
+    args = ["--max-io", "128K", *queue_args(spec)]
     if spec.get("server") == "loop":
         if not os.access(LOOP, os.X_OK):
             raise BenchError(f"{LOOP} is not built (make examples)")
