@@ -141,6 +141,18 @@ static int hybd_backing_check(struct hybd_dev *dev, struct file *file,
 	}
 	if (!(file->f_mode & FMODE_CAN_ODIRECT))
 		return -EOPNOTSUPP;
+	/*
+	 * A remapped write goes where its request says, as if the file were
+	 * opened without O_APPEND (the kiocb has no IOCB_APPEND): refused
+	 * where only appends are allowed (chattr +a), and on a descriptor
+	 * that asked for them.
+	 */
+	if (t->flags & HYBD_BACKING_F_WRITE) {
+		if (IS_APPEND(inode))
+			return -EPERM;
+		if (file->f_flags & O_APPEND)
+			return -EINVAL;
+	}
 	/* remaps to it would queue behind themselves: a deadlock */
 	if (bdev && hybd_dev_owns_disk(dev, bdev->bd_disk))
 		return -ELOOP;
@@ -326,9 +338,10 @@ long hybd_backing_add(struct hybd_dev *dev, void __user *arg)
 	unsigned int i;
 	int ret;
 
-	if (copy_from_user(&b, arg, sizeof(b)))
-		return -EFAULT;
-	if (b.len < sizeof(b) || b.reserved0 || b.reserved[0] || b.reserved[1])
+	ret = hybd_copy_in(&b, sizeof(b), sizeof(b), arg);
+	if (ret)
+		return ret;
+	if (b.reserved0 || b.reserved[0] || b.reserved[1])
 		return -EINVAL;
 	if (b.flags & ~HYBD_BACKING_F_ALL)
 		return -EOPNOTSUPP;

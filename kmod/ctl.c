@@ -15,12 +15,21 @@
 
 #include "hybd.h"
 
-/*
- * Copy a len-prefixed structure from user space.  @min is the size of the
- * first version of the structure.
+/**
+ * hybd_copy_in() - copy a len-prefixed structure in from user space
+ * @dst: the kernel's structure
+ * @size: its size
+ * @min: the size of the structure's first version
+ * @src: the user's, whose first __u32 is its length
+ *
+ * The UAPI's growth rules (copy_struct_from_user()): a shorter (older)
+ * structure is zero-extended, a longer (newer) one is taken if what the
+ * kernel does not know of it is zero.
+ *
+ * Return: 0, -EFAULT, -EINVAL (shorter than @min) or -E2BIG (a non-zero
+ * byte past @size).
  */
-static int hybd_copy_in(void *dst, size_t size, size_t min,
-			const void __user *src)
+int hybd_copy_in(void *dst, size_t size, size_t min, const void __user *src)
 {
 	u32 len;
 

@@ -378,6 +378,13 @@ static void hybd_set_limits(struct hybd_dev *dev, struct queue_limits *lim)
 	lim->max_hw_sectors = b->max_io_bytes >> SECTOR_SHIFT;
 	lim->max_segments = max_t(unsigned int, BLK_MAX_SEGMENTS,
 				  b->max_io_bytes >> PAGE_SHIFT);
+	/*
+	 * A remapped write is direct I/O from the request's own pages: a
+	 * target that checksums them at submit (btrfs, integrity metadata)
+	 * must not see them change.  Any device may get a fast path that
+	 * remaps, later than a file system on it learns this: always.
+	 */
+	lim->features |= BLK_FEAT_STABLE_WRITES;
 	if (b->flags & HYBD_DEV_F_WRITE_CACHE)
 		lim->features |= BLK_FEAT_WRITE_CACHE;
 	if (b->ops & HYBD_OPF_FUA)

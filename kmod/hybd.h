@@ -142,8 +142,12 @@ struct hybd_queue {
 	bool			parked;
 	struct hybd_queue_stats __percpu *stats;
 
-	/* a worker sleeping in HYBD_SRV_IO; queue_rq wakes only these */
+	/*
+	 * Workers sleeping in HYBD_SRV_IO (@waiters, under @lock): queue_rq
+	 * wakes only while there is one (@need_wakeup).
+	 */
 	wait_queue_head_t	wq;
+	unsigned int		waiters;
 	bool			need_wakeup;
 	bool			kicked;
 	/*
@@ -264,6 +268,7 @@ void hybd_dev_remove_id(struct hybd_dev *dev);
 int hybd_dev_list(u32 *ids, u32 room);
 
 /* ctl.c */
+int hybd_copy_in(void *dst, size_t size, size_t min, const void __user *src);
 int hybd_ctl_init(void);
 void hybd_ctl_exit(void);
 

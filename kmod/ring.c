@@ -322,17 +322,27 @@ static int hybd_queue_wait(struct hybd_queue *q)
 			 single_task_running() && !signal_pending(current));
 	}
 
-	/* the flags word is the kernel's, changed under the queue lock only */
+	/*
+	 * The flags word is the kernel's, changed under the queue lock only.
+	 * Wakeups stop when the last waiter leaves: a server may have another
+	 * thread waiting on the queue still.
+	 */
 	spin_lock(&q->lock);
-	WRITE_ONCE(q->need_wakeup, true);
-	WRITE_ONCE(q->hdr->flags, q->hdr->flags | HYBD_RING_NEED_WAKEUP);
+	if (!q->waiters++) {
+		WRITE_ONCE(q->need_wakeup, true);
+		WRITE_ONCE(q->hdr->flags,
+			   q->hdr->flags | HYBD_RING_NEED_WAKEUP);
+	}
 	spin_unlock(&q->lock);
 	/* pairs with hybd_kick_worker(): publish, barrier, read need_wakeup */
 	smp_mb();
 	ret = wait_event_interruptible(q->wq, hybd_queue_has_work(q));
 	spin_lock(&q->lock);
-	WRITE_ONCE(q->need_wakeup, false);
-	WRITE_ONCE(q->hdr->flags, q->hdr->flags & ~HYBD_RING_NEED_WAKEUP);
+	if (!--q->waiters) {
+		WRITE_ONCE(q->need_wakeup, false);
+		WRITE_ONCE(q->hdr->flags,
+			   q->hdr->flags & ~HYBD_RING_NEED_WAKEUP);
+	}
 	spin_unlock(&q->lock);
 	return ret;
 }
@@ -344,10 +354,9 @@ static long hybd_srv_io(struct hybd_dev *dev, struct hybd_srv_io __user *arg)
 	u32 consume;
 	int done, ret;
 
-	if (copy_from_user(&io, arg, sizeof(io)))
-		return -EFAULT;
-	if (io.len < sizeof(io))
-		return -EINVAL;
+	ret = hybd_copy_in(&io, sizeof(io), sizeof(io), arg);
+	if (ret)
+		return ret;
 	if (io.flags & ~HYBD_SRV_IO_ALL)
 		return -EOPNOTSUPP;
 	if (io.reserved0)
@@ -447,10 +456,12 @@ static long hybd_srv_set_eventfd(struct hybd_dev *dev, void __user *arg)
 	struct eventfd_ctx *efd = NULL, *old;
 	struct hybd_srv_eventfd e;
 	struct hybd_queue *q;
+	int ret;
 
-	if (copy_from_user(&e, arg, sizeof(e)))
-		return -EFAULT;
-	if (e.len < sizeof(e) || e.reserved0)
+	ret = hybd_copy_in(&e, sizeof(e), sizeof(e), arg);
+	if (ret)
+		return ret;
+	if (e.reserved0)
 		return -EINVAL;
 	if (e.queue >= dev->params.basic.nr_hw_queues)
 		return -EINVAL;
@@ -485,9 +496,10 @@ static long hybd_srv_queue_cpus(struct hybd_dev *dev, void __user *arg)
 	long ret = 0;
 	u8 *mask;
 
-	if (copy_from_user(&qc, uqc, sizeof(qc)))
-		return -EFAULT;
-	if (qc.len < sizeof(qc) || qc.reserved0)
+	ret = hybd_copy_in(&qc, sizeof(qc), sizeof(qc), uqc);
+	if (ret)
+		return ret;
+	if (qc.reserved0)
 		return -EINVAL;
 	if (qc.flags)
 		return -EOPNOTSUPP;

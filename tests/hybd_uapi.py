@@ -35,6 +35,8 @@ F_KNOWN = (F_RINGS | F_POLL | F_SEQ_CHECK | F_BPF | F_IO_TIMEOUT |
 MAX_BACKINGS = 16
 BACKING_F_WRITE = 1
 SRV_BACKING_FMT = "<IiIIQII2Q"      # struct hybd_srv_backing, 48
+SRV_IO_FMT = "<IHHII"               # struct hybd_srv_io, 16
+SRV_QUEUE_CPUS_FMT = "<IIIIQII"     # struct hybd_srv_queue_cpus, 32
 DEL_F_FORCE = 1
 
 OPF_READ, OPF_WRITE, OPF_FLUSH, OPF_FUA = 1, 2, 4, 8
@@ -94,6 +96,8 @@ SIZES = {
     "struct hybd_dev_stats": 8 * NR_STATS,
     "struct hybd_queue_stat": QUEUE_STAT_SIZE,
     "struct hybd_srv_backing": struct.calcsize(SRV_BACKING_FMT),
+    "struct hybd_srv_io": struct.calcsize(SRV_IO_FMT),
+    "struct hybd_srv_queue_cpus": struct.calcsize(SRV_QUEUE_CPUS_FMT),
 }
 
 _IOC_WRITE, _IOC_READ = 1, 2
@@ -115,6 +119,9 @@ SRV_ADD_BACKING = _ioc(_IOC_READ | _IOC_WRITE, 0x46,
                        struct.calcsize(SRV_BACKING_FMT))
 SRV_DEL_BACKING = _ioc(0, 0x47, 0)
 SRV_REMAP_BARRIER = _ioc(0, 0x48, 0)
+SRV_IO = _ioc(_IOC_READ | _IOC_WRITE, 0x42, struct.calcsize(SRV_IO_FMT))
+SRV_QUEUE_CPUS = _ioc(_IOC_READ | _IOC_WRITE, 0x45,
+                      struct.calcsize(SRV_QUEUE_CPUS_FMT))
 
 IOCTLS = {
     "HYBD_CTL_GET_FEATURES": CTL_GET_FEATURES,
@@ -130,6 +137,8 @@ SRV_IOCTLS = {
     "HYBD_SRV_ADD_BACKING": SRV_ADD_BACKING,
     "HYBD_SRV_DEL_BACKING": SRV_DEL_BACKING,
     "HYBD_SRV_REMAP_BARRIER": SRV_REMAP_BARRIER,
+    "HYBD_SRV_IO": SRV_IO,
+    "HYBD_SRV_QUEUE_CPUS": SRV_QUEUE_CPUS,
 }
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -300,10 +309,12 @@ int main(void)
 	S(struct hybd_dev_info) S(struct hybd_ctl_list)
 	S(struct hybd_ctl_features) S(struct hybd_ctl_stats)
 	S(struct hybd_dev_stats) S(struct hybd_queue_stat)
-	S(struct hybd_srv_backing)
+	S(struct hybd_srv_backing) S(struct hybd_srv_io)
+	S(struct hybd_srv_queue_cpus)
 	I(HYBD_CTL_GET_FEATURES) I(HYBD_CTL_ADD) I(HYBD_CTL_DEL)
 	I(HYBD_CTL_INFO) I(HYBD_CTL_LIST) I(HYBD_CTL_STATS)
 	I(HYBD_CTL_HANDOVER) I(HYBD_SRV_ADD_BACKING) I(HYBD_SRV_DEL_BACKING)
+	I(HYBD_SRV_REMAP_BARRIER) I(HYBD_SRV_IO) I(HYBD_SRV_QUEUE_CPUS)
 	return 0;
 }
 """

@@ -31,15 +31,19 @@ class Served:
         wait_for(lambda: os.path.exists(path), T_CMD, path)
         self.fd = os.open(path, os.O_RDWR)
 
-    def add(self, fd, flags=0, length=None, reserved0=0, reserved=(0, 0)):
-        """HYBD_SRV_ADD_BACKING: (errno, index, size, dio_align)."""
+    def add(self, fd, flags=0, length=None, reserved0=0, reserved=(0, 0),
+            tail=b""):
+        """HYBD_SRV_ADD_BACKING: (errno, index, size, dio_align); @tail:
+        bytes after the structure, which len then covers (a newer
+        caller's)."""
         size = struct.calcsize(u.SRV_BACKING_FMT)
-        buf = bytearray(struct.pack(u.SRV_BACKING_FMT,
-                                    size if length is None else length, fd,
-                                    flags, 0xFFFF, 0, 0, reserved0,
-                                    *reserved))
+        if length is None:
+            length = size + len(tail)
+        buf = bytearray(struct.pack(u.SRV_BACKING_FMT, length, fd, flags,
+                                    0xFFFF, 0, 0, reserved0, *reserved))
+        buf += tail
         e = u.ioctl(self.fd, u.SRV_ADD_BACKING, buf)
-        _, _, _, index, tsize, align, _, _, _ = struct.unpack(
+        _, _, _, index, tsize, align, _, _, _ = struct.unpack_from(
             u.SRV_BACKING_FMT, buf)
         return e, index, tsize, align
 
@@ -133,6 +137,13 @@ def test_backing_refuses_what_it_cannot_use(dio_fs, served, tmp_path):
     null = os.open("/dev/null", os.O_RDWR)
     dirfd = os.open(mnt, os.O_RDONLY | os.O_DIRECTORY)
     efd = os.open(empty, os.O_RDWR)
+    # remapped writes land where their request says: never appends
+    apfd = os.open(path, os.O_RDWR | os.O_APPEND)
+    aonly = mnt / "append-only"
+    with open(aonly, "wb") as f:
+        f.truncate(MiB)
+    run([need_tool("chattr"), "+a", aonly], check=True)
+    aofd = os.open(aonly, os.O_RDWR | os.O_APPEND)
     try:
         cases = [
             ("read-only fd, write asked", dict(fd=ro, flags=u.BACKING_F_WRITE),
@@ -146,16 +157,63 @@ def test_backing_refuses_what_it_cannot_use(dio_fs, served, tmp_path):
             ("reserved0", dict(fd=rw, reserved0=1), errno.EINVAL),
             ("reserved", dict(fd=rw, reserved=(0, 1)), errno.EINVAL),
             ("short len", dict(fd=rw, length=8), errno.EINVAL),
+            ("a longer struct's unknown bytes",
+             dict(fd=rw, tail=b"\0\0\0\0\0\0\0\1"), errno.E2BIG),
+            ("O_APPEND, write asked", dict(fd=apfd, flags=u.BACKING_F_WRITE),
+             errno.EINVAL),
+            ("append-only file, write asked",
+             dict(fd=aofd, flags=u.BACKING_F_WRITE), errno.EPERM),
         ]
         for what, kw, want in cases:
-            assert s.add(**kw)[0] == want, what
+            e = s.add(**kw)[0]
+            assert e == want, (what, u.errname(e))
         # none of them took an index: the first good one gets 0
         assert s.add(ro)[:2] == (0, 0)
         # an empty file is a target (a store that appends): size 0
         assert s.add(efd)[:3] == (0, 1, 0)
+        # a newer caller's longer struct, its unknown bytes zero
+        assert s.add(rw, tail=bytes(8))[:2] == (0, 2)
+        # append-only files are read as any other
+        assert s.add(aofd)[:2] == (0, 3)
+        assert s.add(apfd)[:2] == (0, 4)
     finally:
-        for fd in (ro, wo, rw, rfd, wfd, null, dirfd, efd):
+        for fd in (ro, wo, rw, rfd, wfd, null, dirfd, efd, apfd, aofd):
             os.close(fd)
+        run([need_tool("chattr"), "-a", aonly], check=True)
+
+
+def test_server_ioctls_follow_the_growth_rules(served):
+    """HYBD_SRV_IO and HYBD_SRV_QUEUE_CPUS, as the control ioctls: shorter
+    than the first version is EINVAL, longer is taken if the bytes the
+    kernel does not know are zero, else E2BIG."""
+    s = served()
+    io_size = struct.calcsize(u.SRV_IO_FMT)
+
+    def srv_io(length, tail):
+        # flags 0: a commit (nothing to commit), no wait
+        buf = bytearray(struct.pack(u.SRV_IO_FMT, length, 0, 0, 0, 0)) + tail
+        return u.ioctl(s.fd, u.SRV_IO, buf)
+
+    assert srv_io(io_size, b"") == 0
+    assert srv_io(io_size + 8, bytes(8)) == 0
+    assert srv_io(io_size + 8, b"\1" + bytes(7)) == errno.E2BIG
+    assert srv_io(io_size - 4, b"") == errno.EINVAL
+
+    mask = u.ctypes.create_string_buffer(64)
+    qc_size = struct.calcsize(u.SRV_QUEUE_CPUS_FMT)
+
+    def queue_cpus(length, tail):
+        buf = bytearray(struct.pack(u.SRV_QUEUE_CPUS_FMT, length, 0, 0,
+                                    len(mask), u.ctypes.addressof(mask),
+                                    0, 0)) + tail
+        e = u.ioctl(s.fd, u.SRV_QUEUE_CPUS, buf)
+        return e, struct.unpack_from(u.SRV_QUEUE_CPUS_FMT, buf)[2]
+
+    e, nr_cpus = queue_cpus(qc_size, b"")
+    assert e == 0 and nr_cpus >= os.cpu_count()
+    assert queue_cpus(qc_size + 8, bytes(8))[0] == 0
+    assert queue_cpus(qc_size + 8, bytes(7) + b"\1")[0] == errno.E2BIG
+    assert queue_cpus(qc_size - 8, b"")[0] == errno.EINVAL
 
 
 def test_backing_block_devices_and_alignment(served, tmp_path):

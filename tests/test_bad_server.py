@@ -72,6 +72,19 @@ def test_well_behaved_helper_counts_no_rejection(badserver):
     assert s["slow_done"] >= READS and s["slow_errors"] == 0, s
 
 
+def test_a_second_waiter_leaving_does_not_stop_the_wakeups(badserver):
+    """Two threads sleep in HYBD_SRV_IO on one queue and one leaves (a
+    signal): the other is still woken for what queue_rq publishes.  (When
+    the one leaving turned wakeups off, the partition scan's reads waited
+    for the I/O timeout.)"""
+    srv = badserver("two-waiters", "--io-timeout", "60")
+    res = dd_read(srv.dev)
+    assert res.returncode == 0, res.stderr
+    s = info(srv.dev)["stats"]
+    assert s["timed_out"] == 0 and s["slow_errors"] == 0, s
+    assert s["slow_done"] >= READS, s
+
+
 @pytest.mark.parametrize("mode", ["double-complete", "garbage-ring"])
 def test_misbehaving_servers_device_can_be_deleted_under_it(badserver, mode):
     bad = badserver(mode)

@@ -26,7 +26,7 @@ from hybdbpf import (delta, detach_ok, disk_completed_ios, fastpath,  # noqa: F4
 from hybdlib import (LOOP, REPO, T_CMD, T_IO, direct_read, direct_write,
                      first_difference, fio_verify, hybdctl, hybdctl_json,
                      io_errno, loop_device, need_built, need_tool, pattern,
-                     record, run, wait_for)
+                     record, run, sysfs_queue, wait_for)
 from test_backing import dio_fs, unlink_and_wait_freed  # noqa: F401 (fixture)
 from test_recovery import Background, let_run, seeded, wait_waiting
 
@@ -130,6 +130,9 @@ def test_bpf_loop_fio_verify(dio_fs, servers, fastpath, tmp_path, kind):
         target = ctx.__enter__()
     try:
         srv = start_loop(servers, target, "--block-size", "512")
+        # remapped writes are direct I/O from the request's own pages: a
+        # file system on the device keeps them stable until written
+        assert sysfs_queue(srv.dev, "stable_writes") == "1"
         fastpath.attach(prog("loop"), srv.dev)
         base = stats(srv.dev)
         for bs, qd, per_job in CASES:

@@ -630,9 +630,11 @@ struct hybd_srv_queue_cpus {
  * HYBD_MAX_BACKINGS - 1), the target's size and dio_align.  Errors:
  * -EBADF (no such descriptor, or not open for what flags ask), -EINVAL (not
  * a regular file or block device, an empty block device, misaligned,
- * reserved bits), -EOPNOTSUPP (unknown flags, no direct I/O), -ELOOP (the
+ * reserved bits, HYBD_BACKING_F_WRITE on a descriptor opened O_APPEND),
+ * -EPERM (HYBD_BACKING_F_WRITE on an append-only file: remapped writes
+ * are not appends), -EOPNOTSUPP (unknown flags, no direct I/O), -ELOOP (the
  * device itself, or a file on a file system on it), -ENOSPC (every index
- * taken).
+ * taken), -E2BIG (see the growth rules).
  *
  * Targets go when the server node is released, or one by one with
  * HYBD_SRV_DEL_BACKING (arg: the index; -ENOENT if none is there).  A

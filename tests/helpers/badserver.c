@@ -25,6 +25,10 @@
  *   fork-child       serves correctly, but forks a child right after
  *                    "ready" that sleeps, holding the server node open
  *                    (the child's pid is printed as "child PID")
+ *   two-waiters      serves correctly; before HYBD_SRV_START, while the
+ *                    serving thread sleeps in HYBD_SRV_IO, a second thread
+ *                    waits on the queue too and leaves on a signal (EINTR):
+ *                    the serving thread must still be woken
  *
  * --io-timeout sets the device's I/O timeout (default: libhybd's, 30 s).
  *
@@ -53,7 +57,7 @@
 
 enum mode {
 	GOOD, UNKNOWN_TAG, DOUBLE_COMPLETE, STALE_SEQ, BAD_RESULT, GARBAGE_RING,
-	E_AGAIN, E_NOMEM, E_NOSPC, E_OPNOTSUPP, LATE, FORK_CHILD,
+	E_AGAIN, E_NOMEM, E_NOSPC, E_OPNOTSUPP, LATE, FORK_CHILD, TWO_WAITERS,
 };
 
 static const char *const mode_names[] = {
@@ -69,6 +73,7 @@ static const char *const mode_names[] = {
 	[E_OPNOTSUPP] = "eopnotsupp",
 	[LATE] = "late",
 	[FORK_CHILD] = "fork-child",
+	[TWO_WAITERS] = "two-waiters",
 };
 
 static const int mode_errno[] = {
@@ -180,6 +185,7 @@ static void serve_one(uint32_t tag)
 	switch (srv.mode) {
 	case GOOD:
 	case FORK_CHILD:
+	case TWO_WAITERS:
 		post(tag, res, d.seq);
 		break;
 	case E_AGAIN:
@@ -337,6 +343,52 @@ static void fork_child(void)
 	fflush(stdout);
 }
 
+static void on_sigusr2(int sig)
+{
+	(void)sig;
+}
+
+/* TWO_WAITERS: wait once on queue 0; the result (0 or errno) at @arg */
+static void *wait_once(void *arg)
+{
+	struct hybd_srv_io io = {
+		.len = sizeof(io),
+		.queue = 0,
+		.flags = HYBD_SRV_IO_WAIT,
+	};
+	sigset_t usr2;
+
+	sigemptyset(&usr2);
+	sigaddset(&usr2, SIGUSR2);
+	pthread_sigmask(SIG_UNBLOCK, &usr2, NULL);
+	*(int *)arg = ioctl(srv.fd, HYBD_SRV_IO, &io) < 0 ? errno : 0;
+	return NULL;
+}
+
+/*
+ * TWO_WAITERS: a second waiter comes while the serving thread sleeps
+ * (nothing is submitted before HYBD_SRV_START) and leaves on a signal.
+ */
+static void second_waiter(void)
+{
+	struct sigaction sa = { .sa_handler = on_sigusr2 };	/* no SA_RESTART */
+	pthread_t waiter;
+	int ret, result = -1;
+
+	if (sigaction(SIGUSR2, &sa, NULL) < 0)
+		die("sigaction", errno);
+	usleep(200000);		/* the serving thread is asleep by now */
+	ret = pthread_create(&waiter, NULL, wait_once, &result);
+	if (ret)
+		die("cannot start the second waiter", ret);
+	usleep(200000);
+	pthread_kill(waiter, SIGUSR2);
+	pthread_join(waiter, NULL);
+	if (result != EINTR)
+		die("the second waiter did not end with EINTR",
+		    result ? result : EPROTO);
+}
+
 static void usage(void)
 {
 	size_t i;
@@ -392,6 +444,8 @@ int main(int argc, char **argv)
 	ret = pthread_create(&thread, NULL, serve, NULL);
 	if (ret)
 		die("cannot start the serving thread", ret);
+	if (srv.mode == TWO_WAITERS)
+		second_waiter();
 	if (ioctl(srv.fd, HYBD_SRV_START, 0) < 0)
 		die("HYBD_SRV_START", errno);
 	atomic_store(&srv.misbehave, 1);
