@@ -204,6 +204,14 @@ LINES = {
     "ddremap": ("dedup mapped, remap",
                 dict(prog=None, data=True, poll_ns=0, fast=True,
                      server="dedup", bpf="dedup-nocache.bpf.o")),
+    # reads over 4 times what dedup's cache holds (32 MiB): what is not
+    # cached is remapped to the store; its program's counters give the
+    # hit rates
+    "ddbig": ("dedup + fast path, 128 MiB working set",
+              dict(prog=None, data=True, poll_ns=0, fast=True,
+                   server="dedup", region=128 << 20,
+                   counters=("cache_hits", "remap_hits", "zero_hits",
+                             "read_misses"), total="reads")),
 }
 MODES = ("qd1", "qd32", "par", "seq", "qd1w")
 # the lines measured in "seq" (128 KiB sequential reads) too
@@ -247,7 +255,8 @@ COMPARISONS = (
     ("dedup", "dedup against the kernel loop",
      [("ddslow", "kloop"), ("ddslow1", "kloop"), ("ddfast", "kloop"),
       ("ddmslow", "kloop"),
-      ("ddremap", "kloop"), ("ddremap", "ddmslow")]),
+      ("ddremap", "kloop"), ("ddremap", "ddmslow"), ("ddbig", "kloop"),
+      ("ddbig", "ddremap")]),
 )
 GROUPS = {name: list(dict.fromkeys(k for pair in pairs for k in pair))
           for name, _, pairs in COMPARISONS}
@@ -507,10 +516,12 @@ def hybdctl(*args, timeout=60):
     return run([HYBDCTL, *args], timeout=timeout)
 
 
-def hybd_stats(dev):
+def hybd_stats(dev, maps=False):
     """`hybdctl stats DEV --json`, parsed: the device's counters at the top
-    level, latency histograms, the attached program."""
-    res = hybdctl("stats", dev, "--json", timeout=30)
+    level, latency histograms, the attached program (and with @maps, its
+    own counters: "maps")."""
+    res = hybdctl("stats", dev, "--json", *(["--maps"] if maps else []),
+                  timeout=30)
     try:
         return json.loads(res.stdout)
     except ValueError:
@@ -524,6 +535,27 @@ def fast_slow(stats):
     except (KeyError, TypeError, ValueError):
         raise BenchError("hybdctl stats --json has no fast_done/slow_done") \
             from None
+
+
+def prog_counters(stats):
+    """The attached program's global counters, merged over its maps."""
+    out = {}
+    for values in (stats.get("maps") or {}).values():
+        out.update(values)
+    return out
+
+
+def read_shares(spec, before, after):
+    """The share of the reads each of spec["counters"] counted between two
+    `hybdctl stats --maps` snapshots, of the spec["total"] counter's."""
+    b, a = prog_counters(before), prog_counters(after)
+    try:
+        total = int(a[spec["total"]]) - int(b[spec["total"]])
+        return {c: (int(a[c]) - int(b[c])) / total if total else None
+                for c in spec["counters"]}
+    except (KeyError, TypeError, ValueError):
+        raise BenchError(f"the program's counters {spec['counters']} are "
+                         "not in hybdctl stats --maps") from None
 
 
 def fast_share(before, after):
@@ -627,6 +659,7 @@ class Line:
             (m == "seq" and key in SEQ_LINES) or
             (m == "qd1w" and key in WRITE_LINES))
         self.runs = {m: [] for m in self.modes}
+        self.region = None      # bytes read, if not --region
         self.error = None       # why it could not be set up
         self.stats = None       # hybd counters after the last fio run
 
@@ -789,6 +822,8 @@ def queue_args(spec):
 
 def setup_hybd(line, ctx):
     spec = line.hybd
+    line.region = spec.get("region")
+    region = line.region or ctx.args.region
     # 4 KiB requests only: small per-tag buffers keep ring memory low with
     # one ramdisk per line
     args = ["--max-io", "128K", *queue_args(spec)]
@@ -820,7 +855,8 @@ def setup_hybd(line, ctx):
             raise BenchError(f"{DEDUP} is not built (make examples)")
         store = os.path.join(ctx.tmp, f"{line.key}.store")
         run([DEDUP, "format", "--force", "--size",
-             str(ctx.args.ramdisk_size), store])
+             str(max(ctx.args.ramdisk_size, 2 * region)), store],
+            timeout=300)
         obj = spec.get("bpf", "dedup.bpf.o")
         fast = (["--bpf", str(DEDUP.parent / obj)] if spec["fast"]
                 else ["--no-fast-path"])
@@ -836,11 +872,12 @@ def setup_hybd(line, ctx):
     ctx.cleanup.push("stop the ramdisk", server.stop)
     server.wait_ready()
     line.dev = server.dev
-    line.info = {"server": " ".join(server.cmd), "program": spec["prog"]}
+    line.info = {"server": " ".join(server.cmd), "program": spec["prog"],
+                 "region": region}
     if spec["data"] == "mix":
-        fill_mix(line.dev, ctx.args.region)
+        fill_mix(line.dev, region)
     elif spec["data"]:
-        fill_region(line.dev, ctx.args.region)
+        fill_region(line.dev, region)
     if spec["prog"]:
         obj = BPF_DIR / f"{spec['prog']}.bpf.o"
         if not obj.is_file():
@@ -849,12 +886,12 @@ def setup_hybd(line, ctx):
         ctx.cleanup.push(f"detach {line.dev}", hybdctl, "detach", line.dev)
     if spec["fast"]:
         # the first pass fills the program's maps, the second shows they hit
-        read_pass(line.dev, ctx.args.region)
+        read_pass(line.dev, region)
         before = hybd_stats(line.dev)
-        read_pass(line.dev, ctx.args.region)
+        read_pass(line.dev, region)
         fast, slow, share = fast_share(before, hybd_stats(line.dev))
         line.info["warm"] = {"fast": fast, "slow": slow, "fast_share": share}
-        say(f"{line.key}: warm pass over {ctx.args.region >> 20} MiB: "
+        say(f"{line.key}: warm pass over {region >> 20} MiB: "
             f"{fast} fast, {slow} slow")
         if not share or share < 0.99:
             say(f"WARNING: {line.key}: only {fmt_pct(share)} of the warm "
@@ -1006,16 +1043,17 @@ def no_scheduler(dev):
 
 # -------------------------------------------------------------------- fio ---
 
-def fio_cmd(dev, mode, args, runtime=None):
+def fio_cmd(dev, mode, args, runtime=None, region=None):
     seq = mode == "seq"
+    region = region or args.region
     rw = "read" if seq else "randwrite" if mode == "qd1w" else "randread"
     # the writes go to the region after the one read, so that the data the
     # reads find (a disk image's mix, holes included) is the same each round
-    offset = args.region if mode == "qd1w" else 0
+    offset = region if mode == "qd1w" else 0
     cmd = ["fio", "--output-format=json", "--name=" + mode,
            "--filename=" + dev, "--rw=" + rw,
            f"--bs={SEQ_BS if seq else BS}", "--direct=1",
-           "--size=" + str(args.region), f"--offset={offset}", "--time_based",
+           "--size=" + str(region), f"--offset={offset}", "--time_based",
            f"--runtime={runtime or args.runtime}", "--norandommap",
            "--randrepeat=0",
            "--invalidate=0", "--percentile_list=50:99:99.9",
@@ -1063,10 +1101,12 @@ def parse_fio(text, what="read"):
 
 
 def fio_run(line, mode, args, runtime=None):
-    cmd = fio_cmd(line.dev, mode, args, runtime)
+    cmd = fio_cmd(line.dev, mode, args, runtime, line.region)
+    counters = bool(line.hybd and line.hybd.get("counters"))
     # the counters after a device's last run are those before its next one:
     # nothing else reads it in between
-    before = line.stats or (hybd_stats(line.dev) if line.hybd else None)
+    before = line.stats or (hybd_stats(line.dev, counters) if line.hybd
+                            else None)
     line.stats = None
     t0 = time.monotonic()
     res = run(cmd, timeout=args.runtime * 10 + 120, check=False)
@@ -1076,9 +1116,11 @@ def fio_run(line, mode, args, runtime=None):
     out = parse_fio(res.stdout, "write" if mode == "qd1w" else "read")
     out["wall_s"] = round(wall, 2)
     if line.hybd:
-        line.stats = hybd_stats(line.dev)
+        line.stats = hybd_stats(line.dev, counters)
         out["fast"], out["slow"], out["fast_share"] = fast_share(
             before, line.stats)
+        if counters:
+            out["shares"] = read_shares(line.hybd, before, line.stats)
     return out
 
 
@@ -1128,6 +1170,12 @@ def summarize(entry):
                   for r in ok_runs(entry, m)
                   if r.get("fast_share") is not None]
         s["fast_share"] = statistics.median(shares) if shares else None
+    for mode in ("qd1", "qd32"):
+        runs = [r["shares"] for r in ok_runs(entry, mode) if r.get("shares")]
+        if runs:
+            s.setdefault("shares", {})[mode] = {
+                c: statistics.median(r[c] for r in runs)
+                for c in runs[0] if all(r.get(c) is not None for r in runs)}
     return s
 
 
@@ -1227,6 +1275,18 @@ def report_rows(doc, summary):
                          "fast path"], rows,
                "medians of the rounds, (lowest–highest round) after each"
                + "".join(f"; {m}" for m in missing))]
+    hits = [[lines[key]["label"], key, mode,
+             *(f"{c} {fmt_pct(v)}" for c, v in shares.items())]
+            for key, s in summary.items()
+            for mode, shares in (s.get("shares") or {}).items()]
+    if hits:
+        width = max(len(r) for r in hits)
+        tables.append(("reads by what served them (the program's counters)",
+                       ["line", "--only", "mode",
+                        *[""] * (width - 3)],
+                       [r + [""] * (width - len(r)) for r in hits],
+                       "median over the rounds of each counter's share of "
+                       "the reads the program saw"))
     for name, what, pairs in COMPARISONS:
         crow = []
         for key, ref in pairs:
