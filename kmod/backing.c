@@ -306,9 +306,31 @@ static void hybd_backing_try_reap(struct hybd_dev *dev)
 	mutex_unlock(&dev->retired_lock);
 }
 
+/**
+ * hybd_backing_reap_work() - sync the retired targets, let go of those done
+ * @work: the device's reap_work
+ *
+ * So that a target taken off is not kept until the device goes: the
+ * server's death or HYBD_SRV_DEL_BACKING with remapped writes in flight
+ * or not yet durable would otherwise keep its file open (its file system
+ * busy, an unlinked file's space taken) until a flush or a barrier.
+ */
+void hybd_backing_reap_work(struct work_struct *work)
+{
+	struct hybd_dev *dev = container_of(work, struct hybd_dev, reap_work);
+	unsigned int pflags = memalloc_noio_save();
+
+	mutex_lock(&dev->retired_lock);
+	hybd_backing_reap(dev, true);
+	mutex_unlock(&dev->retired_lock);
+	memalloc_noio_restore(pflags);
+}
+
 /*
  * Targets @old[0..@n-1] were taken off @dev: once no submit() can find
- * them any more, they are settled, and let go of if done with.
+ * them any more, they are settled, and let go of if done with: at once
+ * if nothing is to be synced, else by the reap work, which also takes
+ * those still written to once their last write ends (hybd_remap_drop()).
  */
 static void hybd_backing_settle(struct hybd_dev *dev,
 				struct hybd_backing **old, unsigned int n)
@@ -320,7 +342,10 @@ static void hybd_backing_settle(struct hybd_dev *dev,
 	synchronize_rcu();
 	for (i = 0; i < n; i++)
 		WRITE_ONCE(old[i]->settled, true);
+	/* pairs with hybd_remap_drop(): settled, then writers read */
+	smp_mb();
 	hybd_backing_try_reap(dev);
+	queue_work(dev->remap_wq, &dev->reap_work);
 }
 
 /**
@@ -565,9 +590,16 @@ out_put:
  */
 void hybd_remap_drop(struct hybd_queue *q, struct hybd_tag *t)
 {
-	/* after hybd_remap_end() counted it in @written */
-	if (hybd_remap_writes(t->bio.op))
-		atomic_dec_return_release(&t->remap.target->writers);
+	struct hybd_backing *target = t->remap.target;
+
+	/*
+	 * After hybd_remap_end() counted it in @written; fully ordered: the
+	 * last write to a target taken off queues the reap, or the settling
+	 * sees no writer (pairs with hybd_backing_settle()).
+	 */
+	if (hybd_remap_writes(t->bio.op) &&
+	    !atomic_dec_return(&target->writers) && READ_ONCE(target->settled))
+		queue_work(q->dev->remap_wq, &q->dev->reap_work);
 	hybd_backing_put(t->remap.target);
 	t->remap.target = NULL;
 	srcu_up_read(&q->dev->remap_srcu, t->remap.srcu_idx);
@@ -634,6 +666,16 @@ static void hybd_remap_put(struct hybd_remap *r)
 		r->ret = r->done;
 	kfree(r->bvec);
 	r->bvec = NULL;
+	/*
+	 * A read that ended short (a file's end off a dio_align boundary) is
+	 * zero-filled to its end, up to max_io_bytes, by hybd_remap_end() in
+	 * the completion's context: not in the target's hard interrupt.
+	 */
+	if (r->ret >= 0 && r->done < t->bio.bytes && in_hardirq()) {
+		r->finish = true;
+		queue_work(q->dev->remap_wq, &r->work);
+		return;
+	}
 	blk_mq_complete_request(t->rq);
 }
 
@@ -884,15 +926,22 @@ static void hybd_remap_worker_exit(unsigned int pflags)
  * A tag's own work: what may wait, and must not hold its queue's batch
  * behind it.  A flush (fsync), a discard or write-zeroes (fallocate), or
  * a read or write the target could not start without waiting (a file
- * system's locks or block allocation, a block device out of tags).
+ * system's locks or block allocation, a block device out of tags); or
+ * only the completion of a short read that ended in a hard interrupt.
  */
 static void hybd_remap_work(struct work_struct *work)
 {
 	struct hybd_remap *r = container_of(work, struct hybd_remap, work);
 	struct hybd_tag *t = container_of(r, struct hybd_tag, remap);
 	struct hybd_queue *q = t->rq->mq_hctx->driver_data;
-	unsigned int pflags = hybd_remap_worker_enter();
+	unsigned int pflags;
 
+	if (r->finish) {
+		r->finish = false;
+		blk_mq_complete_request(t->rq);
+		return;
+	}
+	pflags = hybd_remap_worker_enter();
 	switch (t->bio.op) {
 	case HYBD_OP_READ:
 	case HYBD_OP_WRITE:

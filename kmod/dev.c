@@ -286,6 +286,7 @@ struct hybd_dev *hybd_dev_create(const struct hybd_params *p, u32 id)
 	mutex_init(&dev->backing_lock);
 	INIT_LIST_HEAD(&dev->retired);
 	mutex_init(&dev->retired_lock);
+	INIT_WORK(&dev->reap_work, hybd_backing_reap_work);
 	init_completion(&dev->started);
 	init_completion(&dev->deleted);
 	INIT_WORK(&dev->start_work, hybd_dev_start_work);

@@ -60,6 +60,7 @@ struct hybd_remap {
 	struct bio_vec		*bvec;		/* a multi-bio request's */
 	atomic_t		ref;		/* submitter + completion */
 	bool			nowait;		/* the call has IOCB_NOWAIT */
+	bool			finish;		/* work: only complete it */
 	struct kiocb		iocb;
 	/* a read or write waits on its queue's remap_list */
 	struct llist_node	node;
@@ -234,6 +235,12 @@ struct hybd_dev {
 	struct list_head	retired;
 	/* held while retired targets are synced and let go of */
 	struct mutex		retired_lock;
+	/*
+	 * Syncs and lets go of the retired targets done with (remap_wq):
+	 * queued when targets are taken off, and when the last remapped
+	 * write to a retired one ends
+	 */
+	struct work_struct	reap_work;
 	/* every remap holds it from its submit() to its end: the barrier */
 	struct srcu_struct	remap_srcu;
 	/*
@@ -322,6 +329,7 @@ long hybd_backing_add(struct hybd_dev *dev, void __user *arg);
 long hybd_backing_del(struct hybd_dev *dev, unsigned long index);
 void hybd_backing_drop_all(struct hybd_dev *dev);
 void hybd_backing_free_retired(struct hybd_dev *dev);
+void hybd_backing_reap_work(struct work_struct *work);
 long hybd_remap_barrier(struct hybd_dev *dev);
 void hybd_remap_init_queue(struct hybd_queue *q);
 int hybd_remap_prepare(struct hybd_queue *q, struct hybd_tag *t, u32 index,

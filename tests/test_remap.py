@@ -217,7 +217,8 @@ def served_more(dev, since, n=32):
 def test_server_death_with_remaps_in_flight(dio_fs, servers, fastpath):
     """SIGKILL of the server while fio keeps QD32 of remaps in flight: the
     device dies, every request ends (remaps with their own status), and
-    once the device is gone no reference to the backing file is left: its
+    once the last remapped write has ended the kernel syncs the backing
+    file and lets go of it, while the dead device is still there: its
     space comes back when it is unlinked."""
     mnt, _ = dio_fs
     fio_exe = need_tool("fio")
@@ -252,12 +253,11 @@ def test_server_death_with_remaps_in_flight(dio_fs, servers, fastpath):
     s = stats(srv.dev)
     assert s["remapped"] > 2000 and s["failed_dead"] > 0, s
     assert s["slow_issued"] == base["slow_issued"], s
+    unlink_and_wait_freed(mnt, target)
     detach_ok(srv.dev)
     rc, out, err = hybdctl("del", srv.dev)
     assert rc == 0, out + err
     wait_for(lambda: not os.path.exists(srv.dev), T_CMD, "device gone")
-
-    unlink_and_wait_freed(mnt, target)
 
 
 @pytest.mark.time_limit(900)

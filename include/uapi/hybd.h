@@ -639,9 +639,10 @@ struct hybd_srv_queue_cpus {
  * Targets go when the server node is released, or one by one with
  * HYBD_SRV_DEL_BACKING (arg: the index; -ENOENT if none is there).  A
  * target taken off while remapped writes to it are in flight, or may not
- * be durable yet, is kept (its file stays open) until a remapped flush or
- * HYBD_SRV_REMAP_BARRIER has synced it, or the device goes: a flush covers
- * every remapped write completed before it.  On a device without a write
+ * be durable yet, is kept (its file stays open) until they have ended and
+ * the kernel has synced it (at once, in a worker; HYBD_SRV_REMAP_BARRIER
+ * waits for it): a flush covers every remapped write completed before it,
+ * also on targets taken off since.  On a device without a write
  * cache, every remapped write, discard and write-zeroes is durable when it
  * completes (a data sync of its range).
  */
