@@ -760,8 +760,11 @@ int hybd_dev_add_backing(struct hybd_dev *dev, int fd, unsigned int flags,
 			return hybd__err(err, "%s has %u backing targets already",
 					 dev->path, HYBD_MAX_BACKINGS);
 		case -EINVAL:
-			return hybd__err(err, "fd %d: not a regular file or block device, an empty block device, or its direct I/O alignment does not divide the block size of %s",
+			return hybd__err(err, "fd %d: not a regular file or block device, an empty block device, open with O_APPEND for writing, or its direct I/O alignment does not divide the block size of %s",
 					 fd, dev->path);
+		case -EPERM:
+			return hybd__err(err, "fd %d: an append-only file (chattr +a): remapped writes go anywhere in it",
+					 fd);
 		case -ELOOP:
 			return hybd__err(err, "fd %d is %s itself, or on it: its I/O would come back to it",
 					 fd, dev->path);

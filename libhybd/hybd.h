@@ -354,9 +354,11 @@ int hybd_dev_wait(struct hybd_dev *dev);
  * device, as a backing target of @dev, where a fast path may serve
  * requests in the kernel (since 1.6; HYBD_F_BACKING).  @flags:
  * HYBD_BACKING_F_WRITE if requests may write to it (@fd must be open for
- * writing).  The kernel keeps its own reference: @fd may be closed.  It
- * must support direct I/O, and the device's logical block size must be a
- * multiple of the alignment that needs.  *@size (if not NULL) is set to the
+ * writing, without O_APPEND, and not be an append-only file: remapped
+ * writes go where their requests say).  The kernel keeps its own
+ * reference: @fd may be closed.  It must support direct I/O, and the
+ * device's logical block size must be a multiple of the alignment that
+ * needs.  *@size (if not NULL) is set to the
  * target's size in bytes.  Targets go when the device's server node is
  * closed (the process exits or hands over).
  * RETURN VALUE: the target's index (0 .. HYBD_MAX_BACKINGS - 1), or -errno
