@@ -113,6 +113,126 @@ static int hybd_backing_dio(struct file *file, struct block_device *bdev,
 }
 
 /*
+ * A target's stack: what its I/O goes through before it is stored.  A
+ * remap whose I/O comes back to its own device waits for a tag that the
+ * remapped requests may all hold: the device hangs.  Registrations check
+ * it one at a time, so that no two of them close a cycle between them.
+ */
+static DEFINE_MUTEX(hybd_stack_lock);
+
+/* how many hybd devices deep a stack is followed before it is refused */
+#define HYBD_STACK_DEPTH	8
+
+/*
+ * Whether a block device of @dev's disk (the whole disk or a partition)
+ * is claimed by file system @sb (its data, a btrfs device, an XFS log or
+ * realtime device, an ext4 journal) or, if @sb is NULL, by anything but
+ * a file system (a stacking driver: dm, md; btrfs too, which claims its
+ * devices without holder operations).
+ */
+static bool hybd_disk_claimed(struct hybd_dev *dev, struct super_block *sb)
+{
+	struct gendisk *disk = READ_ONCE(dev->disk);
+	struct block_device *part;
+	unsigned long idx;
+	bool claimed = false;
+
+	if (!disk)
+		return false;
+	/* partitions' block devices are freed after a grace period */
+	rcu_read_lock();
+	xa_for_each(&disk->part_tbl, idx, part) {
+		void *holder = READ_ONCE(part->bd_holder);
+
+		if (!holder)
+			continue;
+		if (sb ? holder == sb :
+		    READ_ONCE(part->bd_holder_ops) != &fs_holder_ops) {
+			claimed = true;
+			break;
+		}
+	}
+	rcu_read_unlock();
+	return claimed;
+}
+
+static int hybd_stack_check(struct hybd_dev *dev, struct file *file,
+			    unsigned int depth);
+
+/*
+ * Whether I/O to @disk may reach @dev: @dev's own disk; a dm or md device
+ * (whose devices are its own to know) while a stacking driver claims
+ * @dev; another hybd device, through its targets.
+ */
+static int hybd_stack_check_disk(struct hybd_dev *dev, struct gendisk *disk,
+				 unsigned int depth)
+{
+	struct file *files[HYBD_MAX_BACKINGS];
+	struct hybd_backing *t;
+	struct hybd_dev *other;
+	unsigned int i, n = 0;
+	int ret = 0;
+
+	if (hybd_dev_owns_disk(dev, disk))
+		return -ELOOP;
+#ifdef CONFIG_BLOCK_HOLDER_DEPRECATED
+	if (!list_empty_careful(&disk->slave_bdevs) &&
+	    hybd_disk_claimed(dev, NULL))
+		return -ELOOP;
+#endif
+	other = hybd_dev_get_by_disk(disk);
+	if (!other)
+		return 0;
+	if (depth >= HYBD_STACK_DEPTH) {
+		ret = -ELOOP;
+		goto out;
+	}
+	mutex_lock(&other->backing_lock);
+	for (i = 0; i < HYBD_MAX_BACKINGS; i++) {
+		t = rcu_dereference_protected(other->backing[i],
+				lockdep_is_held(&other->backing_lock));
+		if (t)
+			files[n++] = get_file(t->file);
+	}
+	mutex_unlock(&other->backing_lock);
+	for (i = 0; i < n; i++) {
+		if (!ret)
+			ret = hybd_stack_check(dev, files[i], depth + 1);
+		fput(files[i]);
+	}
+out:
+	hybd_dev_put(other);
+	return ret;
+}
+
+/*
+ * Whether I/O to @file may come back to @dev (-ELOOP), as far as the
+ * kernel can tell: through the block devices below it, overlayfs, the
+ * devices a file system claims, and other hybd devices' targets.  What a
+ * loop device, nbd or another user-space server does with its I/O is
+ * theirs: not seen.  Called under hybd_stack_lock.
+ */
+static int hybd_stack_check(struct hybd_dev *dev, struct file *file,
+			    unsigned int depth)
+{
+	struct inode *inode = file_inode(file);
+	struct super_block *sb;
+
+	lockdep_assert_held(&hybd_stack_lock);
+	if (S_ISBLK(inode->i_mode))
+		return hybd_stack_check_disk(dev, file_bdev(file)->bd_disk,
+					     depth);
+	/* overlayfs: the file system that holds the data */
+	sb = d_real_inode(file->f_path.dentry)->i_sb;
+	if (hybd_disk_claimed(dev, sb))
+		return -ELOOP;
+	/* none: memory (tmpfs), or elsewhere (NFS, FUSE) */
+	if (!sb->s_bdev)
+		return 0;
+	return hybd_stack_check_disk(dev, sb->s_bdev->bd_disk, depth);
+}
+
+/*
  * Check @file as a target of @dev: its size and direct I/O alignment.  A
  * regular file may be empty (a store that appends).
  */
@@ -154,8 +274,9 @@ static int hybd_backing_check(struct hybd_dev *dev, struct file *file,
 			return -EINVAL;
 	}
 	/* remaps to it would queue behind themselves: a deadlock */
-	if (bdev && hybd_dev_owns_disk(dev, bdev->bd_disk))
-		return -ELOOP;
+	ret = hybd_stack_check(dev, file, 0);
+	if (ret)
+		return ret;
 	ret = hybd_backing_dio(file, bdev, &t->dio_align, &t->mem_align);
 	if (ret)
 		return ret;
@@ -379,9 +500,13 @@ long hybd_backing_add(struct hybd_dev *dev, void __user *arg)
 		goto out;
 	}
 	t->flags = b.flags;
+	/* until it is installed: see hybd_stack_lock */
+	mutex_lock(&hybd_stack_lock);
 	ret = hybd_backing_check(dev, file, t);
-	if (ret)
+	if (ret) {
+		mutex_unlock(&hybd_stack_lock);
 		goto out;
+	}
 	kref_init(&t->ref);
 	INIT_LIST_HEAD(&t->node);
 	t->file = file;
@@ -399,6 +524,7 @@ long hybd_backing_add(struct hybd_dev *dev, void __user *arg)
 		break;
 	}
 	mutex_unlock(&dev->backing_lock);
+	mutex_unlock(&hybd_stack_lock);
 	if (ret)
 		goto out;
 	hybd_backing_try_reap(dev);

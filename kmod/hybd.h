@@ -269,6 +269,7 @@ extern struct class *hybd_class;
 extern dev_t hybd_srv_devt;
 extern bool hybd_bpf_ready;
 struct hybd_dev *hybd_dev_get(u32 id);
+struct hybd_dev *hybd_dev_get_by_disk(struct gendisk *disk);
 int hybd_dev_reserve_id(struct hybd_dev *dev, u32 id);
 void hybd_dev_publish(struct hybd_dev *dev);
 void hybd_dev_remove_id(struct hybd_dev *dev);

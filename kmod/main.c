@@ -40,6 +40,30 @@ struct hybd_dev *hybd_dev_get(u32 id)
 }
 
 /**
+ * hybd_dev_get_by_disk() - the device whose block device @disk is, referenced
+ * @disk: a disk
+ *
+ * Return: the device, or NULL (not a live hybd device's disk).  Drop the
+ * reference with hybd_dev_put().
+ */
+struct hybd_dev *hybd_dev_get_by_disk(struct gendisk *disk)
+{
+	struct hybd_dev *dev;
+	unsigned long id;
+
+	mutex_lock(&hybd_devs_lock);
+	xa_for_each(&hybd_devs, id, dev) {
+		if (hybd_dev_owns_disk(dev, disk)) {
+			kref_get(&dev->ref);
+			mutex_unlock(&hybd_devs_lock);
+			return dev;
+		}
+	}
+	mutex_unlock(&hybd_devs_lock);
+	return NULL;
+}
+
+/**
  * hybd_dev_reserve_id() - give a new device an id, not yet published
  * @dev: the device
  * @id: wanted id or HYBD_DEV_ID_ANY

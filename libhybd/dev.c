@@ -766,7 +766,7 @@ int hybd_dev_add_backing(struct hybd_dev *dev, int fd, unsigned int flags,
 			return hybd__err(err, "fd %d: an append-only file (chattr +a): remapped writes go anywhere in it",
 					 fd);
 		case -ELOOP:
-			return hybd__err(err, "fd %d is %s itself, or on it: its I/O would come back to it",
+			return hybd__err(err, "fd %d is %s itself, or on it, or on a device built on it: its I/O could come back to it",
 					 fd, dev->path);
 		default:
 			return hybd__err(err, "HYBD_SRV_ADD_BACKING for %s failed",

@@ -8,13 +8,15 @@ where the fast path's remap (issue 11) will serve requests."""
 
 import errno
 import os
+import signal
 import struct
 import subprocess
 
 import pytest
 
 import hybd_uapi as u
-from hybdlib import T_CMD, T_IO, loop_device, need_tool, run, wait_for
+from hybdlib import (REPO, T_CMD, T_IO, loop_device, need_built, need_tool,
+                     run, wait_for)
 
 MiB = 1 << 20
 
@@ -297,3 +299,108 @@ def test_backing_reference_goes_with_its_delete(dio_fs, served):
     assert s.delete(index) == 0
     wait_freed(mnt, before)
     assert u._libc.ioctl(s.fd, u.SRV_REMAP_BARRIER, 0) == 0
+
+
+STACKDRV = REPO / "tests" / "helpers" / "stackdrv"
+
+
+class Stacker:
+    """tests/helpers/stackdrv: a running device whose server registers a
+    target each time it is asked."""
+
+    def __init__(self, servers, request):
+        need_built(STACKDRV, "tests/helpers/stackdrv")
+        self.request = request
+        self.srv = servers.start([STACKDRV, request])
+        self.dev = self.srv.dev
+
+    def add(self, path):
+        """Register path: "index N" or "error ENAME: why"."""
+        self.request.write_text(str(path))
+        seen = len(self.srv.out)
+        self.srv.proc.send_signal(signal.SIGUSR1)
+        prefix = f"add {path}: "
+
+        def answer():
+            for line in self.srv.out[seen:]:
+                if line.startswith(prefix):
+                    return line[len(prefix):].strip()
+            return None
+        wait_for(answer, T_CMD, f"{self.dev}'s answer for {path}")
+        return answer()
+
+
+def test_targets_whose_io_may_come_back_are_refused(servers, tmp_path):
+    """A remap whose I/O comes back to its own device would wait for the
+    tags its requests hold: HYBD_SRV_ADD_BACKING refuses, with ELOOP, the
+    device itself, a file on a file system on it (also through overlayfs,
+    and when only the file system's journal is there), a dm device built
+    on it, and another hybd device whose target it is; what cannot come
+    back is taken."""
+    mkfs = need_tool("mkfs.ext4")
+    a = Stacker(servers, tmp_path / "request")
+    ok_file = tmp_path / "plain.img"
+    with open(ok_file, "wb") as f:
+        f.truncate(MiB)
+    assert a.add(ok_file) == "index 0"
+    assert a.add(a.dev).startswith("error ELOOP"), a.dev
+
+    # another hybd device: B may take A, then A may not take B
+    b = Stacker(servers, tmp_path / "request")
+    assert b.add(a.dev) == "index 0"
+    assert a.add(b.dev).startswith("error ELOOP")
+    c = Stacker(servers, tmp_path / "request")
+    assert a.add(c.dev) == "index 1"
+
+    # a dm device on A
+    dm = f"hybd-stack-{os.getpid()}"
+    sectors = int(run(["blockdev", "--getsz", a.dev], check=True).stdout)
+    run([need_tool("dmsetup"), "create", dm, "--table",
+         f"0 {sectors} linear {a.dev} 0"], check=True)
+    try:
+        assert a.add(f"/dev/mapper/{dm}").startswith("error ELOOP")
+    finally:
+        run(["dmsetup", "remove", dm], check=True)
+
+    # a file system on A, directly and under an overlay
+    mnt, lower, ovl = (tmp_path / n for n in ("mnt", "lower", "ovl"))
+    for d in (mnt, lower, ovl):
+        d.mkdir()
+    run([mkfs, "-F", "-q", a.dev], timeout=T_IO, check=True)
+    run(["mount", a.dev, mnt], check=True)
+    try:
+        (mnt / "upper").mkdir()
+        (mnt / "work").mkdir()
+        with open(mnt / "data", "wb") as f:
+            f.truncate(MiB)
+        assert a.add(mnt / "data").startswith("error ELOOP")
+        run(["mount", "-t", "overlay", "overlay", "-o",
+             f"lowerdir={lower},upperdir={mnt / 'upper'},"
+             f"workdir={mnt / 'work'}", ovl], check=True)
+        try:
+            with open(ovl / "data", "wb") as f:
+                f.truncate(MiB)
+            assert a.add(ovl / "data").startswith("error ELOOP")
+        finally:
+            run(["umount", ovl], check=True)
+    finally:
+        run(["umount", mnt], check=True)
+
+    # a file system elsewhere whose journal is on A
+    run([mkfs, "-F", "-q", "-O", "journal_dev", "-b", "4096", a.dev],
+        timeout=T_IO, check=True)
+    img = tmp_path / "fs.img"
+    with open(img, "wb") as f:
+        f.truncate(64 * MiB)
+    with loop_device(img) as loop:
+        run([mkfs, "-F", "-q", "-b", "4096", "-J", f"device={a.dev}", loop],
+            timeout=T_IO, check=True)
+        run(["mount", loop, mnt], check=True)
+        try:
+            with open(mnt / "data", "wb") as f:
+                f.truncate(MiB)
+            assert a.add(mnt / "data").startswith("error ELOOP")
+        finally:
+            run(["umount", mnt], check=True)
+    # and nothing was taken but the three good ones
+    assert a.add(ok_file) == "index 2"

@@ -632,9 +632,22 @@ struct hybd_srv_queue_cpus {
  * a regular file or block device, an empty block device, misaligned,
  * reserved bits, HYBD_BACKING_F_WRITE on a descriptor opened O_APPEND),
  * -EPERM (HYBD_BACKING_F_WRITE on an append-only file: remapped writes
- * are not appends), -EOPNOTSUPP (unknown flags, no direct I/O), -ELOOP (the
- * device itself, or a file on a file system on it), -ENOSPC (every index
+ * are not appends), -EOPNOTSUPP (unknown flags, no direct I/O), -ELOOP (its
+ * I/O may come back to the device, see below), -ENOSPC (every index
  * taken), -E2BIG (see the growth rules).
+ *
+ * A remap whose I/O comes back to its own device waits for tags its own
+ * requests hold: the device would hang.  The kernel refuses (-ELOOP) the
+ * device itself or a partition of it; a file on a file system that keeps
+ * anything on it (its data, a btrfs device, an XFS log or realtime
+ * device, an ext4 journal), also through overlayfs; another hybd device
+ * whose targets lead back to it, followed 8 devices deep (deeper is
+ * refused); and a dm or md device while a stacking driver (dm, md, btrfs)
+ * claims the device, as what such a device is built on is not seen.  It
+ * cannot see what a loop device, nbd or another user-space server does
+ * with its I/O: a stack through one of those is the server's to avoid.
+ * The stack is checked when the target is registered, not if it is
+ * rebuilt later (a dm table reloaded).
  *
  * Targets go when the server node is released, or one by one with
  * HYBD_SRV_DEL_BACKING (arg: the index; -ENOENT if none is there).  A
