@@ -222,7 +222,9 @@ struct hybd_ctl_add {
  * server that does not help holds the delete up to one timeout.  The
  * caller may be killed while it waits (-EINTR): the delete goes on in the
  * kernel, and another HYBD_CTL_DEL (HYBD_DEL_F_FORCE to end it) waits for
- * the same delete.
+ * the same delete.  HYBD_DEL_F_FORCE fails at once what the server holds;
+ * requests the fast path remapped end when their targets end them (see
+ * HYBD_SRV_REMAP_BARRIER).
  */
 #define HYBD_DEL_F_FORCE	(1U << 0)	/* fail outstanding I/O at once */
 #define HYBD_DEL_F_ALL		0x1U
@@ -408,7 +410,10 @@ struct hybd_ctl_features {
  * not consume before HYBD_SRV_START returns, and reads its indices from
  * the header after it.  If no server has resumed the device when the
  * timeout runs out, everything held fails with EIO and the device is DEAD.
- * A delete of a WAITING device fails what it holds at once.  The I/O
+ * A delete of a WAITING device fails what it holds at once.  While a
+ * device waits, whatever freezes its request queue (an I/O scheduler
+ * switch, a change of its limits, a CPU going offline) waits with it, up
+ * to the recovery timeout: held requests are still in flight.  The I/O
  * timeout does not fail a request in recovery mode: it counts it in
  * timed_out and holds it for a new server, and fails it only if it is
  * still not done recovery_timeout later (the same holds, with
@@ -685,8 +690,17 @@ struct hybd_srv_backing {
  * read the old mapping is over, and every later one sees the new mapping.
  * Together with HYBD_SRV_DEL_BACKING it also means the kernel no longer
  * uses the deleted target's file: what remapped writes left there is
- * synced (as a flush would: -errno if that fails) and the kernel's
- * reference is gone.  It waits for the backing I/O, as long as that takes.
+ * synced (as a flush would: -errno if that fails) and the kernel has
+ * dropped its reference (the file's last close, if that was it, may
+ * follow a moment later: the kernel defers closing files its workers
+ * drop).  It waits for the backing I/O, as long as that takes.
+ *
+ * A remapped request is the target's I/O, issued by the module's
+ * workers: it is not charged to the submitter's cgroup (io.max and the
+ * like apply to the device's own requests only), and it ends when the
+ * target ends it.  Neither the I/O timeout nor HYBD_DEL_F_FORCE fails it:
+ * a target that hangs holds its requests, and a delete, as long as it
+ * hangs.
  */
 #define HYBD_SRV_REMAP_BARRIER	_IO(HYBD_IOC_MAGIC, 0x48)
 
