@@ -14,8 +14,8 @@ import pytest
 import hybd_uapi as uapi
 from hybdbpf import (BLOCK, delta, detach_ok, fastpath, need_bpf,
                      read_blocks, read_errno, settle, stats, suite_prog)
-from hybdlib import (REPO, direct_write, hybdctl_json, need_built, pattern,
-                     sysfs_queue)
+from hybdlib import (REPO, direct_write, hybdctl, hybdctl_json, need_built,
+                     pattern, sysfs_queue)
 
 assert fastpath     # a fixture, used by name
 
@@ -59,6 +59,17 @@ def test_zero_writes_reach_the_server_as_write_zeroes_others_as_writes(
     direct_write(srv.dev, 6 * BLOCK, new)      # half zero: a write
     d = delta(stats(srv.dev), before)
     assert d["bpf_pass_zeroes"] == 2, d
+    # and so does its queue's, in the per-queue table too
+    total = stats(srv.dev)["bpf_pass_zeroes"]
+    assert [q["bpf_pass_zeroes"] for q in hybdctl_json(
+        "stats", srv.dev, "--per-queue")["queues"]] == [total]
+    rc, out, err = hybdctl("stats", srv.dev, "--per-queue")
+    assert rc == 0, err
+    lines = out.splitlines()
+    at = next(i for i, ln in enumerate(lines) if ln.split()[:1] == ["queue"])
+    header, row = lines[at].split(), lines[at + 1].split()
+    assert row[0] == "0", out
+    assert row[header.index("pass_zeroes")] == str(total), out
     # the per-kind counters count the requests, three writes (one FUA)
     assert d["writes"] == 3 and d["fua"] == 1, d
     assert d["write_zeroes"] == 0 and d["fast_done"] == 0, d

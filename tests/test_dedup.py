@@ -337,6 +337,24 @@ def test_dedup_space_accounting_duplicates_zeros_discard_and_reuse(dedup):
 
 ROUNDS = 10 if LONG else 5    # kills (each round starts two servers)
 REGION = 8 * MiB            # where A is written, at REGION
+def test_dedup_status_tells_a_dead_server_by_its_lock_not_its_pid(dedup):
+    """A server killed with SIGKILL leaves its status file behind, and its
+    pid may be some other process's by the time anyone asks: status says
+    the server is gone, as the file is no longer locked."""
+    store = dedup.format("store", "64M")
+    srv = dedup.serve(store)
+    live = f"/run/hybd-dedup/hybd{srv.id}.stats"
+    wait_for(lambda: os.path.exists(live), 10, live)
+    srv.kill()
+    # the pid (struct live_stats: magic, size, pid) made a live process's
+    with open(live, "r+b") as f:
+        f.seek(8)
+        f.write(struct.pack("<i", os.getpid()))
+    res = run([DEDUP, "status", srv.dev])
+    assert res.returncode == 1 and "is gone" in res.stderr, res
+    kill_and_delete(dedup, srv)
+
+
 B_START, B_END = 1 * MiB, 7 * MiB   # the part of the region B overwrites
 
 

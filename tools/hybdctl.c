@@ -2214,9 +2214,9 @@ static void stats_text(uint32_t id, const struct hybd_dev_info *info,
 	if (!qs)
 		return;
 	putchar('\n');
-	printf("%5s %12s %12s %8s %12s %12s %8s %8s %10s %10s\n", "queue",
-	       "fast", "slow", "errors", "reads", "writes", "bad_ret",
-	       "rejected", "fast p50", "slow p50");
+	printf("%5s %12s %12s %8s %12s %12s %12s %11s %8s %8s %10s %10s\n",
+	       "queue", "fast", "slow", "errors", "reads", "writes", "remapped",
+	       "pass_zeroes", "bad_ret", "rejected", "fast p50", "slow p50");
 	for (q = 0; q < nq; q++) {
 		const struct hybd_dev_stats *d = &qs[q].c;
 		char f50[32], s50[32];
@@ -2224,10 +2224,12 @@ static void stats_text(uint32_t id, const struct hybd_dev_info *info,
 		p50_text(qs[q].fast_lat, f50, sizeof(f50));
 		p50_text(qs[q].slow_lat, s50, sizeof(s50));
 		printf("%5u %12" PRIu64 " %12" PRIu64 " %8" PRIu64 " %12" PRIu64
-		       " %12" PRIu64 " %8" PRIu64 " %8" PRIu64 " %10s %10s\n",
+		       " %12" PRIu64 " %12" PRIu64 " %11" PRIu64 " %8" PRIu64
+		       " %8" PRIu64 " %10s %10s\n",
 		       q, (uint64_t)d->fast_done, (uint64_t)d->slow_done,
 		       (uint64_t)(d->fast_errors + d->slow_errors),
 		       (uint64_t)d->reads, (uint64_t)d->writes,
+		       (uint64_t)d->remapped, (uint64_t)d->bpf_pass_zeroes,
 		       (uint64_t)d->bpf_bad_ret,
 		       (uint64_t)(d->rej_bad_tag + d->rej_not_outstanding +
 				  d->rej_stale_seq + d->rej_bad_result +

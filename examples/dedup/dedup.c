@@ -38,6 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -81,6 +82,7 @@ struct server {
 	bool no_remap;			/* --no-remap */
 	struct hybd_dev *dev;		/* for the remap barrier */
 	struct live_stats *live;
+	int live_fd;			/* flock()ed while we serve */
 	char live_path[64];
 	pthread_t stats_thread;
 	volatile bool stopping;
@@ -389,7 +391,12 @@ static int live_open(struct server *sv, struct hybd_dev *dev)
 	snprintf(tmp, sizeof(tmp), "%s.new", sv->live_path);
 	mkdir(RUN_DIR, 0755);
 	fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-	if (fd < 0 || ftruncate(fd, sizeof(*sv->live))) {
+	/*
+	 * Locked as long as this process lives: `dedup status` tells a
+	 * server that is gone by the lock, not by a pid that may be reused.
+	 */
+	if (fd < 0 || ftruncate(fd, sizeof(*sv->live)) ||
+	    flock(fd, LOCK_EX | LOCK_NB)) {
 		fprintf(stderr, "dedup: %s: %s (no status)\n", tmp,
 			strerror(errno));
 		if (fd >= 0)
@@ -398,11 +405,12 @@ static int live_open(struct server *sv, struct hybd_dev *dev)
 	}
 	sv->live = mmap(NULL, sizeof(*sv->live), PROT_READ | PROT_WRITE,
 			MAP_SHARED, fd, 0);
-	close(fd);
 	if (sv->live == MAP_FAILED) {
+		close(fd);
 		sv->live = NULL;
 		return 0;
 	}
+	sv->live_fd = fd;
 	sv->live->size = sizeof(*sv->live);
 	sv->live->pid = getpid();
 	sv->live->dev_id = hybd_dev_id(dev);
@@ -419,6 +427,7 @@ static int live_open(struct server *sv, struct hybd_dev *dev)
 		unlink(tmp);
 		unlink(sv->live_path);
 		munmap(sv->live, sizeof(*sv->live));
+		close(sv->live_fd);
 		sv->live = NULL;
 	}
 	return 0;
@@ -432,6 +441,7 @@ static void live_close(struct server *sv)
 	pthread_join(sv->stats_thread, NULL);
 	unlink(sv->live_path);
 	munmap(sv->live, sizeof(*sv->live));
+	close(sv->live_fd);
 	sv->live = NULL;
 }
 
@@ -687,19 +697,22 @@ static int live_read(uint32_t id, struct status *out)
 		return -1;
 	}
 	l = mmap(NULL, sizeof(*l), PROT_READ, MAP_SHARED, fd, 0);
-	close(fd);
 	if (l == MAP_FAILED || l->magic != STATS_MAGIC ||
 	    l->size != sizeof(*l)) {
 		fprintf(stderr, "dedup status: %s: not a dedup status file\n",
 			path);
+		close(fd);
 		return -1;
 	}
-	if (kill(l->pid, 0) && errno == ESRCH) {
+	/* its server holds it locked while it lives (see live_open()) */
+	if (!flock(fd, LOCK_SH | LOCK_NB)) {
 		fprintf(stderr, "dedup status: hybd%u: its server (pid %d) is gone\n",
 			id, l->pid);
+		close(fd);
 		munmap(l, sizeof(*l));
 		return -1;
 	}
+	close(fd);
 	/* a snapshot taken after we asked: what we wrote before is in it */
 	for (tries = 0; tries < 200; tries++) {
 		seq = atomic_load(&l->seq);
