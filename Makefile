@@ -110,6 +110,7 @@ bpf:
 # The unit tests of pure user-space code run on the host; everything that
 # needs the module runs in one guest boot (tools/vm-run).
 unit: lib bpf examples
+	$(Q)$(MAKE) -C man check check-examples
 	$(Q)$(MAKE) -C tests/unit run
 	$(Q)$(MAKE) -C examples/dedup test-store
 	$(Q)./tests/unit/bpf-atomics.sh bpf/*.bpf.o examples/*/*.bpf.o
