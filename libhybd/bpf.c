@@ -575,6 +575,39 @@ static int old_object_map(void *ctx, const char *name)
 	return fd < 0 ? -ENOENT : fcntl(fd, F_DUPFD_CLOEXEC, 0);
 }
 
+/*
+ * What @path is, if not an ELF file libbpf could open: said in words, with
+ * the errno a user expects of a missing file or a directory.
+ */
+static int check_object_file(const char *path)
+{
+	unsigned char magic[4];
+	struct stat st;
+	ssize_t n;
+	int fd;
+
+	if (stat(path, &st))
+		return hybd__err(-errno, "cannot open BPF object %s: %s", path,
+				 strerror(errno));
+	if (S_ISDIR(st.st_mode))
+		return hybd__err(-EISDIR, "%s is a directory, not a BPF object",
+				 path);
+	if (!S_ISREG(st.st_mode))
+		return hybd__err(-EINVAL, "%s is not a regular file: not a BPF object",
+				 path);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return hybd__err(-errno, "cannot open BPF object %s: %s", path,
+				 strerror(errno));
+	n = read(fd, magic, sizeof(magic));
+	close(fd);
+	if (n != sizeof(magic) || memcmp(magic, "\177ELF", 4))
+		return hybd__err(-ENOEXEC,
+				 "%s is not a BPF object (an ELF file from clang -target bpf)",
+				 path);
+	return 0;
+}
+
 /* Open @path and find its one struct hybd_bpf_ops map; set dev_id. */
 static int hybd_bpf_open(const char *path, uint32_t dev_id,
 			 struct bpf_object **objp, struct bpf_map **mapp)
@@ -587,12 +620,22 @@ static int hybd_bpf_open(const char *path, uint32_t dev_id,
 	size_t size = 0;
 	int ret;
 
+	ret = check_object_file(path);
+	if (ret)
+		return ret;
 	log_begin(&log);
 	obj = bpf_object__open_file(path, NULL);
 	ret = obj ? 0 : -errno;
 	log_end();
 	if (!obj) {
-		if (ret == -ENOENT || ret == -EACCES)
+		if (ret <= -LIBBPF_ERRNO__LIBELF) {
+			/* libbpf's own codes, which strerror() does not know */
+			char why[128];
+
+			libbpf_strerror(ret, why, sizeof(why));
+			hybd__err(-EINVAL, "%s is not a BPF object hybd can load: %s",
+				  path, why);
+		} else if (ret == -ENOENT || ret == -EACCES)
 			hybd__err(ret, "cannot open BPF object %s: %s", path,
 				  strerror(-ret));
 		else {

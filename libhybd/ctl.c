@@ -93,12 +93,13 @@ int hybd__config_to_params(const struct hybd_config *cfg_in,
 			return hybd__err(-EINVAL,
 					 "hybd_config.reserved must be zero (start from hybd_config_init())");
 	}
+	/* out of range, as the kernel says of what fits its fields */
 	if (cfg->nr_queues > UINT16_MAX)
-		return hybd__err(-EINVAL,
+		return hybd__err(-ERANGE,
 				 "number of queues %u: must be between 1 and %u",
 				 cfg->nr_queues, HYBD_MAX_QUEUES);
 	if (cfg->queue_depth > UINT16_MAX)
-		return hybd__err(-EINVAL,
+		return hybd__err(-ERANGE,
 				 "queue depth %u: must be between 1 and %u",
 				 cfg->queue_depth, HYBD_MAX_QUEUE_DEPTH);
 	if (cfg->dev_id < -1)

@@ -174,6 +174,41 @@ static int srv_get_info(struct hybd_dev *dev, struct hybd_srv_info *info)
 	return 0;
 }
 
+/*
+ * dev->cfg: what the driver asked for, with what the kernel made of it
+ * (defaults resolved; an attached device's own parameters).
+ */
+static void set_config(struct hybd_dev *dev, const struct hybd_config *cfg,
+		       const struct hybd_srv_info *info)
+{
+	const struct hybd_param_basic *b = &info->params.basic;
+	const struct hybd_param_discard *d = &info->params.discard;
+	struct hybd_config *c = &dev->cfg;
+
+	*c = *cfg;
+	c->size = dev->size;
+	c->dev_id = dev->id;
+	c->logical_block_size = b->logical_bs;
+	c->physical_block_size = b->physical_bs;
+	c->max_io_bytes = info->max_io_bytes;
+	c->nr_queues = info->nr_hw_queues;
+	c->queue_depth = info->queue_depth;
+	c->ops = b->ops;
+	c->flags = b->flags;
+	c->poll_ns = b->poll_ns;
+	c->io_timeout = b->io_timeout;
+	c->recovery_timeout = b->recovery_timeout;
+	c->max_discard_bytes = d->max_discard_bytes;
+	c->discard_granularity = d->discard_granularity;
+	c->max_write_zeroes_bytes = d->max_write_zeroes_bytes;
+	c->queue_threads = dev->queue_threads;
+}
+
+const struct hybd_config *hybd_dev_config(const struct hybd_dev *dev)
+{
+	return &dev->cfg;
+}
+
 static void unmap_queues(struct hybd_dev *dev)
 {
 	while (dev->nr_queues) {
@@ -342,8 +377,10 @@ int hybd_dev_create_sized(const struct hybd_config *cfg_in, size_t cfg_size,
 		ret = srv_attach(dev, &cfg, &drv);
 		if (!ret)
 			ret = srv_get_info(dev, &info);
-		if (!ret)
+		if (!ret) {
+			set_config(dev, &cfg, &info);
 			ret = map_queues(dev, &info);
+		}
 		if (ret) {
 			/* the device waits on for another server */
 			dev_free(dev);
@@ -362,8 +399,10 @@ int hybd_dev_create_sized(const struct hybd_config *cfg_in, size_t cfg_size,
 	ret = srv_open(dev);
 	if (!ret)
 		ret = srv_get_info(dev, &info);
-	if (!ret)
+	if (!ret) {
+		set_config(dev, &cfg, &info);
 		ret = map_queues(dev, &info);
+	}
 	if (ret)
 		goto out_del;
 	*devp = dev;

@@ -155,6 +155,11 @@ int hybd__param_errmsg(char *buf, size_t size, const struct hybd_params *p,
 	case HYBD_PERR_DEV_ID:
 		return dev_id_errmsg(buf, size, dev_id, err);
 	case HYBD_PERR_SIZE:
+		if (b->dev_size > HYBD_MAX_DEV_SIZE)
+			return snprintf(buf, size,
+					"device size %" PRIu64 ": too large, at most %" PRIu64 " (1 PiB)",
+					(uint64_t)b->dev_size,
+					(uint64_t)HYBD_MAX_DEV_SIZE);
 		if (!b->dev_size || !b->logical_bs ||
 		    b->dev_size % b->logical_bs)
 			return snprintf(buf, size,

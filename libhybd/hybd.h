@@ -57,7 +57,7 @@ extern "C" {
 #include <stddef.h>
 
 #define HYBD_LIB_VERSION_MAJOR	1
-#define HYBD_LIB_VERSION_MINOR	8
+#define HYBD_LIB_VERSION_MINOR	9
 /* what hybd_lib_version() returns for a given version */
 #define HYBD_LIB_VERSION(major, minor)	(((major) << 16) | (minor))
 
@@ -418,6 +418,17 @@ int hybd_dev_id(const struct hybd_dev *dev);
 
 /* hybd_dev_path - RETURN VALUE: "/dev/hybdN", valid as long as @dev. */
 const char *hybd_dev_path(const struct hybd_dev *dev);
+
+/*
+ * hybd_dev_config - the device's configuration as the kernel made it
+ * (since 1.9): the driver's struct hybd_config with every default
+ * resolved (nr_queues, queue_depth, max_io_bytes, block sizes, ops and
+ * flags as offered, the discard and write-zeroes limits as the kernel
+ * applies them), the device's id, and with HYBD_CFG_ATTACH the existing
+ * device's own parameters.  Valid as long as @dev; a handler reaches it through
+ * hybd_queue_dev(hybd_io_hwq(io)).
+ */
+const struct hybd_config *hybd_dev_config(const struct hybd_dev *dev);
 
 /* hybd_dev_priv - RETURN VALUE: the @priv given to hybd_dev_create(). */
 void *hybd_dev_priv(const struct hybd_dev *dev);

@@ -115,6 +115,8 @@ struct hybd_dev {
 	uint32_t		queue_threads;
 	uint64_t		features;	/* HYBD_F_* of the module */
 	struct hybd_driver	drv;		/* zero beyond the caller's */
+	/* the caller's, with the kernel's parameters (hybd_dev_config()) */
+	struct hybd_config	cfg;
 	void			*priv;
 
 	unsigned int		nr_queues;

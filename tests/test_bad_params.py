@@ -40,6 +40,8 @@ def ctl():
 # (id, hybdctl add args, errno, what the message must name)
 CLI_CASES = [
     ("size-0", ["--size", "0"], EINVAL, r"size"),
+    ("size-2^64-1", ["--size", "18446744073709551615"], EINVAL,
+     r"size .*too large"),
     ("size-not-multiple-of-lbs", ["--size", str(16 * MiB + 512)], EINVAL, r"size"),
     ("lbs-1000", ["--lbs", "1000"], EINVAL, r"logical block size"),
     ("lbs-8192", ["--lbs", "8192", "--pbs", "8192"], EINVAL, r"logical block size"),
@@ -50,6 +52,7 @@ CLI_CASES = [
     ("queues-65", ["--queues", "65"], ERANGE, r"queues"),
     ("depth-0", ["--depth", "0"], ERANGE, r"depth"),
     ("depth-1025", ["--depth", "1025"], ERANGE, r"depth"),
+    ("depth-100000", ["--depth", "100000"], ERANGE, r"depth"),
     ("depth-x-max-io-over-256M", ["--depth", "512", "--max-io", "1M"], ERANGE,
      r"per queue|256 MiB"),
     ("poll-ns-too-large", ["--poll-ns", "1000001"], ERANGE, r"poll"),

@@ -449,6 +449,23 @@ def test_verifier_refusal_is_reported_and_attaches_nothing(ramdisk,
     assert read_blocks(srv.dev, 0, 1) == data
 
 
+def test_attach_of_what_is_no_bpf_object_says_so_once(ramdisk, tmp_path):
+    """A text file, a directory, a missing file: each refusal names the
+    problem in words, once (not libbpf's 'Unknown error 4001')."""
+    srv = small_ramdisk(ramdisk, size="16M")
+    text = tmp_path / "notes.bpf.o"
+    text.write_text("not an ELF file\n")
+    missing = os.strerror(errno.ENOENT)
+    for path, want in ((text, "is not a BPF object"),
+                       (tmp_path, "is a directory"),
+                       (tmp_path / "none.bpf.o", missing)):
+        rc, out, err = hybdctl("attach", path, srv.dev)
+        assert rc == 1, f"{path}: exit {rc}\n{out}{err}"
+        assert want in err and "Unknown error" not in err, err
+        assert err.count(missing) <= 1, err
+        assert attached(srv.dev) is None, path
+
+
 def test_second_attach_replace_and_detach_of_nothing_fail(ramdisk,
                                                           fastpath):
     srv = small_ramdisk(ramdisk, size="16M")

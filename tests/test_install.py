@@ -108,7 +108,7 @@ def test_out_of_tree_driver_built_with_pkg_config_serves_data(stage, tmp_path,
     # the driver's sources, alone in a directory outside the tree
     src = tmp_path / "oot"
     src.mkdir()
-    for f in ("oot.c", "Makefile"):
+    for f in ("oot.c", "oot.bpf.c", "Makefile"):
         shutil.copy(REPO / "tests" / "oot" / f, src / f)
     env = staged_env(stage)
     run(["make", "-C", src], env=env, timeout=T_IO, check=True)
@@ -134,6 +134,17 @@ def test_out_of_tree_driver_built_with_pkg_config_serves_data(stage, tmp_path,
         assert_data(srv.dev, off, data, "data written through the oot driver")
     # never written: zeros, as the driver's memory starts
     assert_data(srv.dev, 8 * MiB, bytes(4096), "an unwritten block")
+    # its fast path, built with hybd.pc's bpf_cc and bpf_cflags, serves
+    # the reads of the last 4 MiB (never written) in the kernel
+    res = run([stage / "usr/sbin/hybdctl", "attach", src / "oot.bpf.o",
+               srv.dev], env=env, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert_data(srv.dev, 14 * MiB, bytes(64 << 10), "a fast-path read")
+    res = run([stage / "usr/sbin/hybdctl", "stats", srv.dev, "--maps",
+               "--json"], env=env, check=True)
+    assert json.loads(res.stdout)["maps"]["oot.bss"]["zero_reads"] >= 1
+    run([stage / "usr/sbin/hybdctl", "detach", srv.dev], env=env,
+        check=True)
 
     # the staged hybdctl sees the device the way the driver set it up
     res = run([stage / "usr/sbin/hybdctl", "info", srv.dev, "--json"],

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import hybd_uapi as uapi
 from hybdlib import (REPO, assert_data, direct_read, direct_write, fio,
                      hybdctl, hybdctl_json, need_built, pattern, run,
                      sysfs_queue)
@@ -67,11 +68,36 @@ def loop_queue_stats(srv):
 
 # ------------------------------------------- operations follow the handlers
 
+def test_a_driver_reads_its_devices_configuration_back(slowdrv):
+    """hybd_dev_config(): the driver's configuration with the defaults the
+    kernel resolved (queue count, depth, ops, flags), as hybdctl info
+    shows the device."""
+    srv = slowdrv("--size", str(16 * MiB), "--queues", "2")
+    line = final_line(srv, "config ")
+    cfg = dict(kv.split("=") for kv in line.split()[1:])
+    inf = hybdctl_json("info", srv.dev)
+    assert int(cfg["id"]) == srv.id, line
+    assert int(cfg["size"]) == inf["size"] == 16 * MiB, line
+    assert int(cfg["queues"]) == inf["nr_hw_queues"] == 2, line
+    for key, name in (("depth", "queue_depth"), ("max_io", "max_io_bytes"),
+                      ("lbs", "logical_block_size"),
+                      ("pbs", "physical_block_size"),
+                      ("io_timeout", "io_timeout")):
+        assert int(cfg[key]) == inf[name], (key, line, inf)
+    # ops 0 and the write cache flag were resolved against the handlers
+    assert int(cfg["ops"], 16) == uapi.OPF_READ | uapi.OPF_WRITE, line
+    assert int(cfg["flags"], 16) == 0, line
+
+
 def test_read_write_only_driver_gets_a_device_without_write_cache(slowdrv):
     srv = slowdrv("--size", str(16 * MiB))
     inf = hybdctl_json("info", srv.dev)
     assert sorted(inf["ops"]) == ["read", "write"], inf
     assert inf["write_cache"] is False
+    # no discard, no write-zeroes: hybdctl info shows no limits of them
+    rc, out, err = hybdctl("info", srv.dev)
+    assert rc == 0 and "max_discard_bytes" not in out, out + err
+    assert "max_write_zeroes_bytes" not in out, out
     # no .flush: the kernel must treat every completed write as durable
     assert sysfs_queue(srv.dev, "write_cache") == "write through"
     data = pattern("rw-only", 256 << 10)

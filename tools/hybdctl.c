@@ -203,21 +203,25 @@ static const struct {
 #define HYBD_MAX_PARTS_SHOWN	64
 
 /*
- * The operation failed: say what and why, return the exit code.  A message
- * of several lines (a refused BPF program) has its summary first; the
- * details follow, indented.
+ * The operation failed: say what and why, return the exit code.  The
+ * errno's text follows libhybd's message unless that says it already.  A
+ * message of several lines (a refused BPF program) has its summary first;
+ * the details follow, indented.
  */
 static int failed(const char *cmd, int err)
 {
 	const char *msg = hybd_errmsg(), *nl = strchr(msg, '\n'), *p;
+	const char *why = strerror(-err);
+	char tail[128] = "";
 
+	if (!strstr(msg, why))
+		snprintf(tail, sizeof(tail), " (%s)", why);
 	if (!nl) {
-		fprintf(stderr, "hybdctl: %s: %s (%s)\n", cmd, msg,
-			strerror(-err));
+		fprintf(stderr, "hybdctl: %s: %s%s\n", cmd, msg, tail);
 		return EXIT_FAILED;
 	}
-	fprintf(stderr, "hybdctl: %s: %.*s (%s)\n", cmd, (int)(nl - msg), msg,
-		strerror(-err));
+	fprintf(stderr, "hybdctl: %s: %.*s%s\n", cmd, (int)(nl - msg), msg,
+		tail);
 	for (p = nl + 1; *p; p = nl + 1) {
 		nl = strchr(p, '\n');
 		if (!nl)
@@ -619,10 +623,16 @@ static void info_text(uint32_t id, const struct hybd_dev_info *info)
 	printf("%-24s %u\n", "recoveries", info->recoveries);
 	printf("%-24s %.3f s\n", "no_server_time",
 	       info->no_server_ns / 1e9);
-	printf("%-24s %u\n", "max_discard_bytes", d->max_discard_bytes);
-	printf("%-24s %u\n", "discard_granularity", d->discard_granularity);
-	printf("%-24s %u\n", "max_write_zeroes_bytes",
-	       d->max_write_zeroes_bytes);
+	/* the limits of operations the device offers, only */
+	if (b->ops & HYBD_OPF_DISCARD) {
+		printf("%-24s %u\n", "max_discard_bytes",
+		       d->max_discard_bytes);
+		printf("%-24s %u\n", "discard_granularity",
+		       d->discard_granularity);
+	}
+	if (b->ops & HYBD_OPF_WRITE_ZEROES)
+		printf("%-24s %u\n", "max_write_zeroes_bytes",
+		       d->max_write_zeroes_bytes);
 	printf("%-24s %" PRIu64 " (%s)\n", "mem_bytes",
 	       (uint64_t)info->mem_bytes,
 	       human_size(info->mem_bytes, hs, sizeof(hs)));

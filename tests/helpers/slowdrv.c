@@ -9,7 +9,9 @@
  *           [--queue-affinity | --no-affinity]
  *   slowdrv --after-delete
  *
- * Prints "ready /dev/hybdN", then one line per queue
+ * Prints "ready /dev/hybdN", "config id=N size=... queues=... depth=...
+ * max_io=... lbs=... pbs=... ops=0x.. flags=0x.. io_timeout=..."
+ * (hybd_dev_config()), then one line per queue
  * "queue Q cpus C1,C2,..." (hybd_queue_cpus()), once the disk exists.  On
  * the way out (SIGINT/SIGTERM or a delete from outside) it prints
  * "slowdrv: requests=N max_concurrent=M exit=R": the most handlers that
@@ -161,10 +163,15 @@ static void batch_exit(struct hybd_queue *q)
 
 static void slow_ready(struct hybd_dev *dev)
 {
+	const struct hybd_config *c = hybd_dev_config(dev);
 	unsigned int q, i, cpus[1024];
 	int n;
 
 	printf("ready %s\n", hybd_dev_path(dev));
+	printf("config id=%d size=%llu queues=%u depth=%u max_io=%u lbs=%u pbs=%u ops=0x%x flags=0x%x io_timeout=%u\n",
+	       c->dev_id, (unsigned long long)c->size, c->nr_queues,
+	       c->queue_depth, c->max_io_bytes, c->logical_block_size,
+	       c->physical_block_size, c->ops, c->flags, c->io_timeout);
 	for (q = 0; q < hybd_dev_nr_queues(dev); q++) {
 		n = hybd_queue_cpus(dev, q, cpus, 1024);
 		printf("queue %u cpus ", q);

@@ -181,12 +181,12 @@ static void test_config_to_params(void)
 	/* what the 16-bit fields cannot carry is refused, not truncated */
 	hybd_config_init(&cfg);
 	cfg.nr_queues = 65536 + 2;
-	CHECK(hybd__config_to_params(&cfg, &p) == -EINVAL);
+	CHECK(hybd__config_to_params(&cfg, &p) == -ERANGE);
 	CHECK(!strcmp(hybd_errmsg(),
 		      "number of queues 65538: must be between 1 and 64"));
 	hybd_config_init(&cfg);
 	cfg.queue_depth = 70000;
-	CHECK(hybd__config_to_params(&cfg, &p) == -EINVAL);
+	CHECK(hybd__config_to_params(&cfg, &p) == -ERANGE);
 	CHECK(!strcmp(hybd_errmsg(),
 		      "queue depth 70000: must be between 1 and 1024"));
 	hybd_config_init(&cfg);
@@ -225,7 +225,11 @@ static void test_param_messages(void)
 	       "device size 4097: must be a non-zero multiple of the logical block size (4096)");
 	p.basic.dev_size = 1ULL << 60;
 	msg_is(&p, -1, HYBD_PERR_SIZE, -ERANGE,
-	       "device size 1152921504606846976: larger than the kernel allows");
+	       "device size 1152921504606846976: too large, at most 1125899906842624 (1 PiB)");
+	/* too large first, also where it is no multiple of the block size */
+	p.basic.dev_size = UINT64_MAX;
+	msg_is(&p, -1, HYBD_PERR_SIZE, -EINVAL,
+	       "device size 18446744073709551615: too large, at most 1125899906842624 (1 PiB)");
 
 	good_params(&p);
 	p.basic.max_io_bytes = 5000;
