@@ -531,14 +531,25 @@ static int hybd_bpf_size_maps(struct bpf_object *obj, uint32_t dev_id,
  * flags): every request was seen by one program or the other, so their
  * state is still true, and the slow path's fds to them stay valid.  @old
  * gives the old program's fd for a name (-errno if none; we close it).
+ *
+ * What a program keeps is valid for the version stamps it was stored
+ * with: if the new program has hybd_versions and cannot take the old
+ * one's (none, or another shape), new versions start from 0, where an
+ * old stamp may match again.  Then it takes none of the old maps.
  */
+#define REUSE_MAPS_MAX		64		/* more start afresh */
+#define HYBD_VERSIONS_MAP	"hybd_versions"	/* hybd_versions.bpf.h's */
+
 static void hybd_bpf_reuse_maps(struct bpf_object *obj,
 				int (*old)(void *ctx, const char *name),
 				void *ctx)
 {
+	struct bpf_map *map, *maps[REUSE_MAPS_MAX];
+	int fds[REUSE_MAPS_MAX];
+	unsigned int i, n = 0;
 	struct bpf_map_info info;
+	bool versions = true;
 	uint32_t len;
-	struct bpf_map *map;
 	int fd;
 
 	bpf_object__for_each_map(map, obj) {
@@ -546,18 +557,28 @@ static void hybd_bpf_reuse_maps(struct bpf_object *obj,
 		    bpf_map__type(map) == BPF_MAP_TYPE_STRUCT_OPS)
 			continue;
 		fd = old(ctx, bpf_map__name(map));
-		if (fd < 0)
-			continue;
 		memset(&info, 0, sizeof(info));
 		len = sizeof(info);
-		if (!bpf_map_get_info_by_fd(fd, &info, &len) &&
+		if (fd >= 0 && n < REUSE_MAPS_MAX &&
+		    !bpf_map_get_info_by_fd(fd, &info, &len) &&
 		    info.type == bpf_map__type(map) &&
 		    info.key_size == bpf_map__key_size(map) &&
 		    info.value_size == bpf_map__value_size(map) &&
 		    info.max_entries == bpf_map__max_entries(map) &&
-		    info.map_flags == bpf_map__map_flags(map))
-			bpf_map__reuse_fd(map, fd);	/* dups fd */
-		close(fd);
+		    info.map_flags == bpf_map__map_flags(map)) {
+			maps[n] = map;
+			fds[n++] = fd;
+			continue;
+		}
+		if (fd >= 0)
+			close(fd);
+		if (!strcmp(bpf_map__name(map), HYBD_VERSIONS_MAP))
+			versions = false;
+	}
+	for (i = 0; i < n; i++) {
+		if (versions)
+			bpf_map__reuse_fd(maps[i], fds[i]);	/* dups fd */
+		close(fds[i]);
 	}
 }
 

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from hybdbpf import (dev_id_of, fastpath, need_bpf, pin_dir, prog,  # noqa: F401
-                     read_blocks, settle, stats, delta)
+from hybdbpf import (dev_id_of, fastpath, need_bpf, pin_dir,  # noqa: F401
+                     prog, read_blocks, settle, stats, delta, suite_prog)
 from hybdlib import (REPO, direct_write, hybdctl, need_built, need_tool,
                      pattern, run)
 
@@ -107,6 +107,25 @@ def test_replace_by_a_different_program_keeps_only_what_it_shares(
     names = {p.name for p in (pin_dir(dev_id_of(dev)) / "maps").iterdir()}
     assert "zero_known" not in names
     assert pinned_map(dev, "hybd_versions")["id"] == ver_id
+
+
+def test_replace_takes_no_cache_without_the_versions_it_was_stamped_with(
+        ramdisk, fastpath):
+    """A program whose cache map has bpf/cache.bpf.o's name and shape but
+    no hybd_versions (cacheplain: it stamps everything 1 and never drops
+    a block) is replaced by cache.bpf.o: its versions would start at 0,
+    whose stamp is 1 again, so the old cache must not be carried over,
+    or the block's old data is served."""
+    dev = ramdisk(size="16M").dev
+    settle()
+    old = pattern("plain-old", BLOCK)
+    direct_write(dev, 7 * BLOCK, old)
+    fastpath.attach(suite_prog("cacheplain"), dev)
+    assert read_blocks(dev, 7, 1) == old     # kept, stamped 1
+    new = pattern("plain-new", BLOCK)
+    direct_write(dev, 7 * BLOCK, new)        # cacheplain keeps the old one
+    fastpath.attach(prog("cache"), dev, replace=True)
+    assert read_blocks(dev, 7, 1) == new
 
 
 def test_slow_path_seeds_a_per_block_map(ramdisk, fastpath):
