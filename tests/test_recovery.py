@@ -120,8 +120,16 @@ def let_run(load, rng, longest):
 def kill_and_replace(ramdisk, srv, backing, rng, load, while_down=None):
     """Let the load run a moment, SIGKILL the server, wait for the device
     to hold its I/O, run while_down(srv), let requests pile up, and return
-    a new server that took the device over."""
+    a new server that took the device over.  The load must have reached
+    the device first: a slow guest (the debug kernel) may still be
+    starting fio, and a kill with nothing in flight tests no takeover."""
+    def seen():
+        s = stats(srv.dev)
+        return s["reads"] + s["writes"]
+
+    before = seen()
     let_run(load, rng, 1.5)
+    wait_for(lambda: seen() > before, T_IO, f"I/O on {srv.dev}")
     srv.kill()
     wait_waiting(srv)
     if while_down:
