@@ -327,7 +327,7 @@ struct hybd_dev *hybd_dev_create(const struct hybd_params *p, u32 id)
 	if (ret)
 		goto out_tag_set;
 	/*
-	 * Each queue's reads and writes start in batches (backing.c): under
+	 * Each queue's reads and writes start in batches (remap.c): under
 	 * load from an unbound worker, as loop's, since a file system may do
 	 * a remap's I/O in the worker (a copy, a page cache fill), which
 	 * should not take the submitting CPU; a request alone from a worker

@@ -8,6 +8,7 @@
  *   blk.c   blk-mq ops: queue_rq publishes requests to the ring
  *   ring.c  /dev/hybdN-srv: open/release/mmap, commit and wait
  *   backing.c  backing targets a server registers (HYBD_SRV_ADD_BACKING)
+ *   remap.c    requests the fast path remapped, served on those targets
  */
 #ifndef _HYBD_H
 #define _HYBD_H
@@ -49,7 +50,53 @@ enum hybd_tag_state {
 	HYBD_TAG_REMAP,
 };
 
-/* A remap in progress, in its tag (backing.c). */
+/**
+ * struct hybd_backing - a backing target
+ * @ref: the registration's reference, and one per remap in flight
+ * @file: the kernel's own reference to the file; put with the last @ref
+ * @size: bytes, at registration; remaps stay inside (or inside a file's
+ *	current size, if it grew)
+ * @flags: HYBD_BACKING_F_*
+ * @dio_align: what direct I/O on it needs of offsets and lengths, bytes
+ * @mem_align: what it needs of memory addresses, bytes
+ * @bdev: whether it is a block device (else a regular file)
+ * @written: remapped writes, discards and write-zeroes completed on a
+ *	device with a write cache (without one, each is synced as it ends)
+ * @synced: @written as it was before the last fdatasync that succeeded
+ * @writers: remapped writes, discards and write-zeroes in flight
+ * @node: on dev->retired once taken off the device
+ * @settled: taken off for a grace period: no new remap can reach it
+ * @rcu: freed after a grace period: queue_rq looks targets up under RCU
+ */
+struct hybd_backing {
+	struct kref	ref;
+	struct file	*file;
+	u64		size;
+	u32		flags;
+	u32		dio_align;
+	u32		mem_align;
+	bool		bdev;
+	atomic64_t	written;
+	atomic64_t	synced;
+	atomic_t	writers;
+	struct list_head node;
+	bool		settled;
+	struct rcu_head	rcu;
+};
+
+/* Whether a remap of @op writes to its target (what a flush must sync). */
+static inline bool hybd_remap_writes(u32 op)
+{
+	return op != HYBD_OP_READ && op != HYBD_OP_FLUSH;
+}
+
+/* Whether @op is a read or write: direct I/O, started from a batch. */
+static inline bool hybd_remap_is_rw(u32 op)
+{
+	return op == HYBD_OP_READ || op == HYBD_OP_WRITE;
+}
+
+/* A remap in progress, in its tag (remap.c). */
 struct hybd_remap {
 	struct hybd_backing	*target;	/* referenced */
 	u64			pos;		/* byte offset in the target */
@@ -331,6 +378,12 @@ long hybd_backing_del(struct hybd_dev *dev, unsigned long index);
 void hybd_backing_drop_all(struct hybd_dev *dev);
 void hybd_backing_free_retired(struct hybd_dev *dev);
 void hybd_backing_reap_work(struct work_struct *work);
+void hybd_backing_put(struct hybd_backing *t);
+bool hybd_backing_dirty(struct hybd_backing *t);
+int hybd_backing_sync(struct hybd_backing *b, bool named);
+int hybd_backing_reap(struct hybd_dev *dev, bool sync);
+
+/* remap.c */
 long hybd_remap_barrier(struct hybd_dev *dev);
 void hybd_remap_init_queue(struct hybd_queue *q);
 int hybd_remap_prepare(struct hybd_queue *q, struct hybd_tag *t, u32 index,

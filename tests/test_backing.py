@@ -339,6 +339,13 @@ def test_targets_whose_io_may_come_back_are_refused(servers, tmp_path):
     back is taken."""
     mkfs = need_tool("mkfs.ext4")
     a = Stacker(servers, tmp_path / "request")
+
+    def refused(path):
+        """A new 1 MiB file at path, which A must refuse."""
+        with open(path, "wb") as f:
+            f.truncate(MiB)
+        answer = a.add(path)
+        assert answer.startswith("error ELOOP"), (path, answer)
     ok_file = tmp_path / "plain.img"
     with open(ok_file, "wb") as f:
         f.truncate(MiB)
@@ -371,16 +378,12 @@ def test_targets_whose_io_may_come_back_are_refused(servers, tmp_path):
     try:
         (mnt / "upper").mkdir()
         (mnt / "work").mkdir()
-        with open(mnt / "data", "wb") as f:
-            f.truncate(MiB)
-        assert a.add(mnt / "data").startswith("error ELOOP")
+        refused(mnt / "data")
         run(["mount", "-t", "overlay", "overlay", "-o",
              f"lowerdir={lower},upperdir={mnt / 'upper'},"
              f"workdir={mnt / 'work'}", ovl], check=True)
         try:
-            with open(ovl / "data", "wb") as f:
-                f.truncate(MiB)
-            assert a.add(ovl / "data").startswith("error ELOOP")
+            refused(ovl / "data")
         finally:
             run(["umount", ovl], check=True)
     finally:
@@ -397,9 +400,7 @@ def test_targets_whose_io_may_come_back_are_refused(servers, tmp_path):
             timeout=T_IO, check=True)
         run(["mount", loop, mnt], check=True)
         try:
-            with open(mnt / "data", "wb") as f:
-                f.truncate(MiB)
-            assert a.add(mnt / "data").startswith("error ELOOP")
+            refused(mnt / "data")
         finally:
             run(["umount", mnt], check=True)
     # and nothing was taken but the three good ones

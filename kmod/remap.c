@@ -1,0 +1,693 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * hybd - remaps: requests a fast path served on a backing target.
+ *
+ * A remapped request is direct I/O on the request's own pages, started
+ * from a worker (queue_rq must not sleep, the file system may), as the
+ * loop driver does.  A block device target goes the same way: its direct
+ * I/O builds bios on the request's pages, without a copy.
+ *
+ * Each queue's reads and writes are started in batches by one work of
+ * the queue's, without waiting where the target can tell (IOCB_NOWAIT);
+ * what would wait is started again from a work of the tag's own, as are
+ * flushes, discards and write-zeroes, so that it holds no batch behind it.
+ * Every remap also holds dev->remap_srcu from its submit() to its end,
+ * which is what HYBD_SRV_REMAP_BARRIER waits for.
+ */
+#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
+
+#include <linux/blkdev.h>
+#include <linux/bvec.h>
+#include <linux/falloc.h>
+#include <linux/file.h>
+#include <linux/fs.h>
+#include <linux/rcupdate.h>
+#include <linux/sched.h>
+#include <linux/sched/mm.h>
+#include <linux/slab.h>
+#include <linux/uio.h>
+
+#include "hybd.h"
+
+/**
+ * hybd_remap_barrier() - HYBD_SRV_REMAP_BARRIER
+ * @dev: the device
+ *
+ * A remap holds remap_srcu from hybd_bpf_io_remap() to its end, and its
+ * submit() ran under RCU before that: once both grace periods are over,
+ * every submit() that began before the call is over, and so is any remap
+ * it made.  Targets taken off before the call are then synced (if remapped
+ * writes went to them) and let go of: their files are the server's again.
+ *
+ * Return: 0, or the error of such a sync.
+ */
+long hybd_remap_barrier(struct hybd_dev *dev)
+{
+	int ret;
+
+	synchronize_rcu();
+	synchronize_srcu(&dev->remap_srcu);
+	/* and the targets taken off before are synced and let go of */
+	mutex_lock(&dev->retired_lock);
+	ret = hybd_backing_reap(dev, true);
+	mutex_unlock(&dev->retired_lock);
+	return ret;
+}
+
+/*
+ * Whether direct I/O on @b can take @rq's pages as they are: every
+ * segment's address and length aligned as the target needs.  (The queue
+ * guarantees sectors; a target with 4 KiB blocks needs more.)
+ */
+static bool hybd_remap_mem_ok(struct request *rq, struct hybd_backing *b)
+{
+	u32 mem_mask = b->mem_align - 1, len_mask = b->dio_align - 1;
+	struct req_iterator it;
+	struct bio_vec bv;
+
+	if (mem_mask < SECTOR_SIZE && len_mask < SECTOR_SIZE)
+		return true;
+	rq_for_each_bvec(bv, rq, it)
+		if ((bv.bv_offset & mem_mask) || (bv.bv_len & len_mask))
+			return false;
+	return true;
+}
+
+/**
+ * hybd_remap_prepare() - check a remap and take what it needs
+ * @q: the request's queue
+ * @t: its tag; submit() runs for it
+ * @index: the target
+ * @offset: byte offset on the target
+ *
+ * Context: submit(), under RCU.
+ * Return: 0 with the target referenced and remap_srcu held; -EPERM outside
+ * submit(), -EALREADY if the request is remapped already, -EINVAL for an
+ * index out of range, or an offset or request memory the target's direct
+ * I/O cannot take, -ENOENT if no target is there, -ERANGE if the range
+ * does not fit in the target (its size at registration, or a file's
+ * current size if larger), -EROFS for a write, discard or write-zeroes on
+ * a target registered without HYBD_BACKING_F_WRITE.
+ */
+int hybd_remap_prepare(struct hybd_queue *q, struct hybd_tag *t, u32 index,
+		       u64 offset)
+{
+	const struct hybd_bpf_io *io = &t->bio;
+	struct hybd_backing *b;
+	u64 size;
+	int ret = -EINVAL;
+
+	if (!t->in_submit)
+		return -EPERM;
+	if (t->remap.target)
+		return -EALREADY;
+	if (index >= HYBD_MAX_BACKINGS)
+		return -EINVAL;
+	b = rcu_dereference(q->dev->backing[index]);
+	/* a delete took it off meanwhile and let go of the last reference */
+	if (!b || !kref_get_unless_zero(&b->ref))
+		return -ENOENT;
+	if (io->op != HYBD_OP_FLUSH) {
+		/* io->bytes is whole device blocks, which @b can take */
+		if (!IS_ALIGNED(offset, b->dio_align))
+			goto out_put;
+		if (hybd_remap_is_rw(io->op) &&
+		    !hybd_remap_mem_ok(t->rq, b))
+			goto out_put;
+		/*
+		 * A file may have grown since (a store appends); one that
+		 * shrank reads as zeros past its end, up to the size it had.
+		 */
+		size = b->size;
+		if (!b->bdev)
+			size = max_t(u64, size, i_size_read(file_inode(b->file)));
+		ret = -ERANGE;
+		if (offset > size || io->bytes > size - offset)
+			goto out_put;
+		ret = -EROFS;
+		if (io->op != HYBD_OP_READ &&
+		    !(b->flags & HYBD_BACKING_F_WRITE))
+			goto out_put;
+	}
+	if (hybd_remap_writes(io->op))
+		atomic_inc(&b->writers);
+	t->remap.target = b;
+	t->remap.pos = offset;
+	t->remap.srcu_idx = srcu_down_read(&q->dev->remap_srcu);
+	return 0;
+out_put:
+	hybd_backing_put(b);
+	return ret;
+}
+
+/**
+ * hybd_remap_drop() - let go of what hybd_remap_prepare() took
+ * @q: the request's queue
+ * @t: its tag
+ *
+ * For a remap that ended, or one submit() made and then did not return
+ * HYBD_BPF_REMAPPED for.
+ */
+void hybd_remap_drop(struct hybd_queue *q, struct hybd_tag *t)
+{
+	struct hybd_backing *target = t->remap.target;
+
+	/*
+	 * After hybd_remap_end() counted it in @written; fully ordered: the
+	 * last write to a target taken off queues the reap, or the settling
+	 * sees no writer (pairs with hybd_backing_settle()).
+	 */
+	if (hybd_remap_writes(t->bio.op) &&
+	    !atomic_dec_return(&target->writers) && READ_ONCE(target->settled))
+		queue_work(q->dev->remap_wq, &q->dev->reap_work);
+	hybd_backing_put(t->remap.target);
+	t->remap.target = NULL;
+	srcu_up_read(&q->dev->remap_srcu, t->remap.srcu_idx);
+}
+
+static void hybd_remap_queue(struct hybd_queue *q, struct hybd_tag *t,
+			     bool last);
+
+/* Start a read or write again from its tag's own work, where it may wait. */
+static void hybd_remap_wait(struct hybd_queue *q, struct hybd_remap *r)
+{
+	hybd_stat_inc(q, remap_waited);
+	queue_work(q->dev->remap_wq, &r->work);
+}
+
+/*
+ * One direct I/O call is over (r->ret is set): if it was asked not to
+ * wait and could not do without, start it again where it may; go on from
+ * where it stopped if it made progress short of the end (a file system
+ * may do less than asked); else end the request in its completion
+ * context, where blk-mq calls hybd_remap_end().  A read that gets nothing
+ * more has hit the file's end: the rest reads as zeros there, as with the
+ * loop driver.
+ */
+static void hybd_remap_put(struct hybd_remap *r)
+{
+	struct hybd_tag *t = container_of(r, struct hybd_tag, remap);
+	struct hybd_queue *q = t->rq->mq_hctx->driver_data;
+
+	/* the submitter's, or the I/O's, whichever is last */
+	if (!atomic_dec_and_test(&r->ref))
+		return;
+	if (t->bio.op == HYBD_OP_WRITE && !r->target->bdev)
+		kiocb_end_write(&r->iocb);
+	/*
+	 * It would have waited (at once, or later, as a block device's
+	 * BLK_STS_AGAIN), or cannot do without waiting at all (ext4 falling
+	 * back to buffered I/O, a block device that lost REQ_NOWAIT): what it
+	 * may have done is done again, the same bytes at the same place.
+	 */
+	if (r->nowait && (r->ret == -EAGAIN || r->ret == -EOPNOTSUPP)) {
+		hybd_remap_wait(q, r);
+		return;
+	}
+	if (r->ret > 0 && r->done + r->ret < t->bio.bytes) {
+		u32 done = r->done + r->ret;
+
+		/*
+		 * Direct I/O goes on from aligned offsets only.  A read that
+		 * stopped elsewhere stopped at the file's end; a write goes
+		 * on from its last whole block, if that is progress.
+		 */
+		if (t->bio.op == HYBD_OP_WRITE)
+			done = round_down(done, r->target->dio_align);
+		if (done > r->done && IS_ALIGNED(done, r->target->dio_align)) {
+			r->done = done;
+			hybd_remap_queue(q, t, true);
+			return;
+		}
+	}
+	if (r->ret > 0)
+		r->done += r->ret;
+	if (r->ret >= 0)
+		r->ret = r->done;
+	kfree(r->bvec);
+	r->bvec = NULL;
+	/*
+	 * A read that ended short (a file's end off a dio_align boundary) is
+	 * zero-filled to its end, up to max_io_bytes, by hybd_remap_end() in
+	 * the completion's context: not in the target's hard interrupt.
+	 */
+	if (r->ret >= 0 && r->done < t->bio.bytes && in_hardirq()) {
+		r->finish = true;
+		queue_work(q->dev->remap_wq, &r->work);
+		return;
+	}
+	blk_mq_complete_request(t->rq);
+}
+
+static void hybd_remap_rw_done(struct kiocb *iocb, long ret)
+{
+	struct hybd_remap *r = container_of(iocb, struct hybd_remap, iocb);
+
+	r->ret = ret;
+	hybd_remap_put(r);
+}
+
+/* Whether the device has a volatile write cache: flushes make it durable. */
+static bool hybd_remap_cached(struct hybd_tag *t)
+{
+	struct hybd_queue *q = t->rq->mq_hctx->driver_data;
+
+	return q->dev->params.basic.flags & HYBD_DEV_F_WRITE_CACHE;
+}
+
+/*
+ * Whether @t's I/O on @file can be asked not to wait: the file honours
+ * IOCB_NOWAIT and, on a block device, the bio needs no split (a REQ_NOWAIT
+ * bio that would be split fails with BLK_STS_AGAIN): within the size the
+ * target takes (a split rounds down to a physical block), no gap its
+ * virtual boundary refuses, no more segments than it takes.  The target's
+ * limits are read as they are: one changing meanwhile costs a retry.
+ */
+static bool hybd_remap_can_nowait(struct hybd_tag *t, struct file *file)
+{
+	u32 bytes = t->bio.bytes - t->remap.done;
+	unsigned int segs = 0, pages, off;
+	struct request_queue *tq;
+	struct req_iterator it;
+	unsigned long vmask;
+	struct bio_vec bv;
+	u32 prev_end = 0;
+
+	if (!(file->f_mode & FMODE_NOWAIT))
+		return false;
+	if (!t->remap.target->bdev)
+		return true;
+	tq = bdev_get_queue(file_bdev(file));
+	if (bytes + queue_physical_block_size(tq) - SECTOR_SIZE >
+	    queue_max_bytes(tq) || tq->limits.chunk_sectors)
+		return false;
+	vmask = queue_virt_boundary(tq);
+	rq_for_each_bvec(bv, t->rq, it) {
+		if (vmask && segs && ((prev_end & vmask) ||
+				      (bv.bv_offset & vmask)))
+			return false;
+		prev_end = bv.bv_offset + bv.bv_len;
+		/*
+		 * A segment holds at least a page and its boundaries are
+		 * page-aligned or wider: within a page, one; else at most
+		 * two a page.
+		 */
+		off = offset_in_page(bv.bv_offset);
+		pages = DIV_ROUND_UP(off + bv.bv_len, PAGE_SIZE);
+		segs += pages == 1 ? 1 : 2 * pages;
+	}
+	return segs <= queue_max_segments(tq);
+}
+
+/*
+ * A read or write: direct I/O on the request's bio_vecs, from byte
+ * r->done on, asynchronous where the target can do it.  If @nowait and
+ * the target can tell, it is asked not to wait (IOCB_NOWAIT, no
+ * allocation that waits, no wait for a frozen file system), and what
+ * would wait goes to the tag's own work.  The bio_vecs of a request made
+ * of several bios are gathered into one array first.
+ */
+static void hybd_remap_rw(struct hybd_tag *t, bool nowait)
+{
+	struct hybd_remap *r = &t->remap;
+	struct request *rq = t->rq;
+	struct hybd_queue *q = rq->mq_hctx->driver_data;
+	struct file *file = r->target->file;
+	bool write = t->bio.op == HYBD_OP_WRITE;
+	struct req_iterator it;
+	struct bio_vec bv, *bvec;
+	struct iov_iter iter;
+	unsigned int nr = 0;
+	size_t skip = 0;
+	ssize_t ret;
+
+	rq_for_each_bvec(bv, rq, it)
+		nr++;
+	r->nowait = nowait && hybd_remap_can_nowait(t, file);
+	if (rq->bio != rq->biotail) {
+		if (!r->bvec) {
+			bvec = kmalloc_array(nr, sizeof(*bvec), nowait ?
+					     GFP_NOWAIT : GFP_NOIO);
+			if (!bvec && nowait) {
+				hybd_remap_wait(q, r);
+				return;
+			}
+			if (!bvec) {
+				r->ret = -ENOMEM;
+				blk_mq_complete_request(rq);
+				return;
+			}
+			r->bvec = bvec;
+			rq_for_each_bvec(bv, rq, it)
+				*bvec++ = bv;
+		}
+		bvec = r->bvec;
+	} else {
+		/* a split bio may start inside its first bio_vec */
+		bvec = __bvec_iter_bvec(rq->bio->bi_io_vec, rq->bio->bi_iter);
+		skip = rq->bio->bi_iter.bi_bvec_done;
+	}
+	iov_iter_bvec(&iter, write ? ITER_SOURCE : ITER_DEST, bvec, nr,
+		      blk_rq_bytes(rq));
+	iter.iov_offset = skip;
+	iov_iter_advance(&iter, r->done);
+
+	memset(&r->iocb, 0, sizeof(r->iocb));
+	r->iocb.ki_filp = file;
+	r->iocb.ki_pos = r->pos + r->done;
+	/* IOCB_WRITE: a stacked file (overlayfs) ends its freeze protection */
+	r->iocb.ki_flags = IOCB_DIRECT | (write ? IOCB_WRITE : 0);
+	/* without a write cache, what a write completed must stay */
+	if (write && ((rq->cmd_flags & REQ_FUA) || !hybd_remap_cached(t)))
+		r->iocb.ki_flags |= IOCB_DSYNC;
+	if (r->nowait)
+		r->iocb.ki_flags |= IOCB_NOWAIT;
+	r->iocb.ki_ioprio = req_get_ioprio(rq);
+	r->iocb.ki_complete = hybd_remap_rw_done;
+	if (write && !r->target->bdev) {
+		struct super_block *sb = file_inode(file)->i_sb;
+
+		/*
+		 * Freeze protection is a regular file's, as aio takes it
+		 * (kiocb_start_write()); the batch never waits for a frozen
+		 * file system, the tag's own work does.
+		 */
+		if (nowait && !sb_start_write_trylock(sb)) {
+			hybd_remap_wait(q, r);
+			return;
+		}
+		if (!nowait)
+			sb_start_write(sb);
+		/* held until kiocb_end_write(), maybe in another context */
+		__sb_writers_release(sb, SB_FREEZE_WRITE);
+	}
+	/* the bio_vec array must outlive the call even if the I/O is done */
+	atomic_set(&r->ref, 2);
+	if (write)
+		ret = file->f_op->write_iter(&r->iocb, &iter);
+	else
+		ret = file->f_op->read_iter(&r->iocb, &iter);
+	hybd_remap_put(r);
+	if (ret != -EIOCBQUEUED)
+		hybd_remap_rw_done(&r->iocb, ret);
+}
+
+/*
+ * A flush: fdatasync the named target, every other target remapped
+ * writes completed on since it was last synced, and the retired ones that
+ * may still hold such writes (letting go of those done with).
+ */
+static int hybd_remap_flush(struct hybd_dev *dev, struct hybd_backing *named)
+{
+	struct hybd_backing *sync[HYBD_MAX_BACKINGS], *b;
+	unsigned int i, n = 0;
+	int ret;
+
+	rcu_read_lock();
+	for (i = 0; i < HYBD_MAX_BACKINGS; i++) {
+		b = rcu_dereference(dev->backing[i]);
+		if (b && b != named && hybd_backing_dirty(b) &&
+		    kref_get_unless_zero(&b->ref))
+			sync[n++] = b;
+	}
+	rcu_read_unlock();
+
+	ret = hybd_backing_sync(named, true);
+	for (i = 0; i < n; i++) {
+		ret = ret ?: hybd_backing_sync(sync[i], false);
+		hybd_backing_put(sync[i]);
+	}
+	mutex_lock(&dev->retired_lock);
+	ret = ret ?: hybd_backing_reap(dev, true);
+	mutex_unlock(&dev->retired_lock);
+	return ret;
+}
+
+/*
+ * A discard or write-zeroes, as the loop driver does them on a file: a
+ * hole, or zeroed blocks where a hole will not do (NOUNMAP, or a file
+ * system without holes).  A discard is a hint: on a block device it is a
+ * discard if the device takes them, else nothing; on a file that cannot
+ * punch holes, nothing.
+ */
+static int hybd_remap_fallocate(struct hybd_tag *t)
+{
+	struct hybd_remap *r = &t->remap;
+	struct hybd_backing *b = r->target;
+	bool zeroes = t->bio.op == HYBD_OP_WRITE_ZEROES;
+	int ret;
+
+	if (b->bdev && !zeroes) {
+		struct block_device *bdev = file_bdev(b->file);
+
+		if (!bdev_max_discard_sectors(bdev))
+			return 0;
+		return blkdev_issue_discard(bdev, r->pos >> SECTOR_SHIFT,
+					    t->bio.bytes >> SECTOR_SHIFT,
+					    GFP_NOIO);
+	}
+	ret = -EOPNOTSUPP;
+	if (!b->bdev && !(zeroes && (t->bio.flags & HYBD_IO_F_NOUNMAP))) {
+		ret = vfs_fallocate(b->file,
+				    FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE,
+				    r->pos, t->bio.bytes);
+		if (ret == -EOPNOTSUPP && !zeroes)
+			return 0;
+	}
+	if (ret == -EOPNOTSUPP)
+		ret = vfs_fallocate(b->file,
+				    FALLOC_FL_KEEP_SIZE | FALLOC_FL_ZERO_RANGE,
+				    r->pos, t->bio.bytes);
+	/* without a write cache, what completed must stay */
+	if (!ret && !hybd_remap_cached(t))
+		ret = vfs_fsync_range(b->file, r->pos,
+				      r->pos + t->bio.bytes - 1, 1);
+	return ret;
+}
+
+/*
+ * Where the remap workers run: as the loop driver's, they may be the
+ * writeback that reclaim, or a dirty-page throttle, waits for.  The
+ * target's file system must not recurse into I/O for its allocations,
+ * and a write that falls back to the page cache is throttled against its
+ * own dirty pages only, not against those the device is there to write.
+ */
+static unsigned int hybd_remap_worker_enter(void)
+{
+	return memalloc_flags_save(PF_MEMALLOC_NOIO | PF_LOCAL_THROTTLE);
+}
+
+static void hybd_remap_worker_exit(unsigned int pflags)
+{
+	memalloc_flags_restore(pflags);
+}
+
+/*
+ * A tag's own work: what may wait, and must not hold its queue's batch
+ * behind it.  A flush (fsync), a discard or write-zeroes (fallocate), or
+ * a read or write the target could not start without waiting (a file
+ * system's locks or block allocation, a block device out of tags); or
+ * only the completion of a short read that ended in a hard interrupt.
+ */
+static void hybd_remap_work(struct work_struct *work)
+{
+	struct hybd_remap *r = container_of(work, struct hybd_remap, work);
+	struct hybd_tag *t = container_of(r, struct hybd_tag, remap);
+	struct hybd_queue *q = t->rq->mq_hctx->driver_data;
+	unsigned int pflags;
+
+	if (r->finish) {
+		r->finish = false;
+		blk_mq_complete_request(t->rq);
+		return;
+	}
+	pflags = hybd_remap_worker_enter();
+	switch (t->bio.op) {
+	case HYBD_OP_READ:
+	case HYBD_OP_WRITE:
+		hybd_remap_rw(t, false);
+		break;
+	case HYBD_OP_FLUSH:
+		r->ret = hybd_remap_flush(q->dev, r->target);
+		blk_mq_complete_request(t->rq);
+		break;
+	default:
+		r->ret = hybd_remap_fallocate(t);
+		blk_mq_complete_request(t->rq);
+		break;
+	}
+	hybd_remap_worker_exit(pflags);
+}
+
+/*
+ * Hand @first and those after it, oldest first, to the unbound worker.
+ * Reversed, they go on the list (a stack) in one push, newest on top, as
+ * if pushed one by one in their order: the worker's llist_reverse_order()
+ * restores it, behind any pushed meanwhile.  @first ends up the last.
+ */
+static void hybd_remap_requeue(struct hybd_queue *q, struct llist_node *first)
+{
+	struct llist_node *top = llist_reverse_order(first);
+
+	if (llist_add_batch(top, first, &q->remap_list))
+		queue_work(q->dev->remap_batch_wq, &q->remap_work);
+}
+
+/*
+ * A queue's reads and writes: start the batch that waits, in the order
+ * it came.  Targets that can say they would wait (FMODE_NOWAIT: most file
+ * systems, block devices) are asked not to, and what would wait goes to
+ * its tag's own work.  Others are called as they are, as the loop driver
+ * calls its file: whatever one does in the call (tmpfs: the copy) keeps
+ * the rest of the batch waiting meanwhile.  Requests that came in since
+ * queued a work again: one batch a run, so that the rescuer of a
+ * workqueue under memory pressure moves on to the other queues' works.
+ *
+ * A request queued @alone (the local work, on its CPU) is started alone:
+ * whatever joined it before this ran goes to the unbound worker, so that
+ * a burst never stays on one CPU, behind a submitter that may not let
+ * the worker run.
+ */
+static void hybd_remap_batch(struct hybd_queue *q, bool alone)
+{
+	struct llist_node *list;
+	struct hybd_remap *r, *next;
+	unsigned int pflags;
+
+	list = llist_reverse_order(llist_del_all(&q->remap_list));
+	if (alone && list && list->next) {
+		hybd_remap_requeue(q, list->next);
+		list->next = NULL;
+	}
+	pflags = hybd_remap_worker_enter();
+	/*
+	 * A tag may be remapped again, or go on from a short I/O, as soon as
+	 * it is started: the next node is read before it starts.
+	 */
+	llist_for_each_entry_safe(r, next, list, node) {
+		hybd_remap_rw(container_of(r, struct hybd_tag, remap), true);
+		cond_resched();
+	}
+	hybd_remap_worker_exit(pflags);
+}
+
+static void hybd_remap_batch_work(struct work_struct *work)
+{
+	hybd_remap_batch(container_of(work, struct hybd_queue, remap_work),
+			 false);
+}
+
+static void hybd_remap_local_work(struct work_struct *work)
+{
+	hybd_remap_batch(container_of(work, struct hybd_queue,
+				      remap_local_work), true);
+}
+
+/*
+ * Queue a read or write for its queue's workers (any context): the first
+ * on an empty list queues a work, which takes those that follow.  A
+ * request alone on its queue (no other in flight, and none behind it in
+ * its dispatch: @last) from a submitter that waits for it is started by
+ * a worker of the CPU that queued it, which the submitter leaves idle:
+ * no other CPU to wake.  A submitter that does not wait would take turns
+ * with that worker on its CPU (its wakeup preempts the submitter), one
+ * request a turn while the other CPUs idle: a request marked REQ_NOWAIT
+ * (io_uring's, which reaps its completions later) goes to the unbound
+ * worker, as batches do under load, so that what the target does in the
+ * call (a copy) runs beside the submitters, as in the loop driver.  (An
+ * aio submitter does not mark its requests: it still takes turns.)  Both
+ * works may run at once, on separate batches.
+ */
+static void hybd_remap_queue(struct hybd_queue *q, struct hybd_tag *t,
+			     bool last)
+{
+	if (!llist_add(&t->remap.node, &q->remap_list))
+		return;
+	if (last && atomic_read(&q->remaps) == 1 &&
+	    !(t->rq->cmd_flags & REQ_NOWAIT))
+		queue_work(q->dev->remap_local_wq, &q->remap_local_work);
+	else
+		queue_work(q->dev->remap_batch_wq, &q->remap_work);
+}
+
+void hybd_remap_init_queue(struct hybd_queue *q)
+{
+	unsigned int i;
+
+	init_llist_head(&q->remap_list);
+	atomic_set(&q->remaps, 0);
+	INIT_WORK(&q->remap_work, hybd_remap_batch_work);
+	INIT_WORK(&q->remap_local_work, hybd_remap_local_work);
+	for (i = 0; i < q->dev->params.basic.queue_depth; i++)
+		INIT_WORK(&q->tags[i].remap.work, hybd_remap_work);
+}
+
+/**
+ * hybd_remap_start() - serve a remapped request
+ * @q: its queue
+ * @t: its tag, remapped by submit()
+ * @last: no other request follows it in this dispatch (bd->last)
+ *
+ * Context: queue_rq; does not sleep (the I/O starts in a worker).
+ */
+void hybd_remap_start(struct hybd_queue *q, struct hybd_tag *t, bool last)
+{
+	t->remap.ret = 0;
+	t->remap.done = 0;
+	WRITE_ONCE(t->state, HYBD_TAG_REMAP);
+	if (hybd_remap_is_rw(t->bio.op)) {
+		atomic_inc(&q->remaps);
+		hybd_remap_queue(q, t, last);
+	} else {
+		/*
+		 * The tag's last remap has ended: its work is not pending (it
+		 * may still be running, to its end; it is queued again).
+		 */
+		WARN_ON_ONCE(!queue_work(q->dev->remap_wq, &t->remap.work));
+	}
+}
+
+/**
+ * hybd_remap_end() - a remapped request is done: its status, complete()
+ * @q: its queue
+ * @rq: the request
+ *
+ * Context: blk-mq's completion: the caller of blk_mq_complete_request()
+ * (the worker, or the target's completion, which may be a hard interrupt),
+ * or blk-mq's softirq.
+ * Return: 0 or the -errno to end the request with; the caller ends it.
+ */
+int hybd_remap_end(struct hybd_queue *q, struct request *rq)
+{
+	struct hybd_tag *t = &q->tags[rq->tag];
+	struct hybd_remap *r = &t->remap;
+	long ret = r->ret;
+	int err = 0;
+
+	if (hybd_remap_is_rw(t->bio.op)) {
+		WARN_ON_ONCE(atomic_dec_return(&q->remaps) < 0);
+		if (ret < 0)
+			err = ret;
+		else if (ret < t->bio.bytes && t->bio.op == HYBD_OP_WRITE)
+			err = -EIO;
+		else if (ret < t->bio.bytes)
+			/* the file ended (truncated): the rest reads as 0 */
+			hybd_rq_copy(rq, ret, NULL, t->bio.bytes - ret, true);
+	} else {
+		err = ret;
+	}
+	/*
+	 * A flush must sync it, even after a failed write, which may have
+	 * changed some of the range; without a write cache it is synced.
+	 */
+	if (hybd_remap_writes(t->bio.op) && hybd_remap_cached(t))
+		atomic64_inc(&r->target->written);
+
+	t->bio.result = err;
+	t->bio.path = HYBD_BPF_PATH_REMAP;
+	hybd_bpf_complete(q, t);
+	hybd_remap_drop(q, t);
+	hybd_stat_inc(q, remapped);
+	WRITE_ONCE(t->state, HYBD_TAG_IDLE);
+	return err;
+}
