@@ -2,11 +2,15 @@
 /*
  * hybd - internal definitions shared by the module's files.
  *
- *   main.c  module init/exit, the device table
- *   ctl.c   /dev/hybd-control: add, delete, list, info
- *   dev.c   a device's life: create, start (add_disk), kill, delete
- *   blk.c   blk-mq ops: queue_rq publishes requests to the ring
- *   ring.c  /dev/hybdN-srv: open/release/mmap, commit and wait
+ *   main.c     module init/exit, the device table
+ *   ctl.c      /dev/hybd-control: add, delete, list, info
+ *   params.c   a new device's parameters, checked
+ *   dev.c      a device's life: create, start (add_disk), recovery,
+ *              handover, kill, delete
+ *   info.c     what a device reports: counters, state, parameters
+ *   blk.c      blk-mq ops: queue_rq publishes requests to the ring
+ *   ring.c     /dev/hybdN-srv: open/release/mmap, commit and wait
+ *   bpf.c      the fast path: struct_ops and kfuncs
  *   backing.c  backing targets a server registers (HYBD_SRV_ADD_BACKING)
  *   remap.c    requests the fast path remapped, served on those targets
  */
@@ -338,10 +342,14 @@ bool hybd_dev_server_gone(struct hybd_dev *dev);
 bool hybd_dev_is_server(struct hybd_dev *dev);
 int hybd_dev_delete(struct hybd_dev *dev, u32 flags, bool killable);
 void hybd_dev_put(struct hybd_dev *dev);
+bool hybd_dev_owns_disk(struct hybd_dev *dev, struct gendisk *disk);
+
+/* params.c */
+int hybd_params_check(struct hybd_params *p, u32 *err_param);
+
+/* info.c */
 void hybd_dev_fill_info(struct hybd_dev *dev, struct hybd_dev_info *info);
 void hybd_queue_stat_add(struct hybd_queue *q, struct hybd_queue_stat *dst);
-int hybd_params_check(struct hybd_params *p, u32 *err_param);
-bool hybd_dev_owns_disk(struct hybd_dev *dev, struct gendisk *disk);
 
 /* blk.c */
 extern const struct blk_mq_ops hybd_mq_ops;

@@ -154,6 +154,15 @@ unsigned int hybd__default_queues(long cpus);
 
 /* bpf.c */
 size_t hybd__bpf_log_condense(char *out, size_t size, const char *log);
+void hybd__bpf_pin_path(char *buf, size_t size, uint32_t dev_id,
+			const char *what);
+
+/* bpf_maps.c */
+struct bpf_object;
+int hybd__bpf_size_maps(struct bpf_object *obj, uint32_t dev_id,
+			const char *path);
+void hybd__bpf_reuse_maps(struct bpf_object *obj,
+			  int (*old)(void *ctx, const char *name), void *ctx);
 
 /* queue.c */
 int hybd__queue_init(struct hybd_queue *q, struct hybd_dev *dev,

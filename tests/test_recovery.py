@@ -120,16 +120,18 @@ def let_run(load, rng, longest):
 def kill_and_replace(ramdisk, srv, backing, rng, load, while_down=None):
     """Let the load run a moment, SIGKILL the server, wait for the device
     to hold its I/O, run while_down(srv), let requests pile up, and return
-    a new server that took the device over.  The load must have reached
-    the device first: a slow guest (the debug kernel) may still be
-    starting fio, and a kill with nothing in flight tests no takeover."""
-    def seen():
-        s = stats(srv.dev)
-        return s["reads"] + s["writes"]
+    a new server that took the device over.  The kill comes while
+    requests are in flight: a slow guest (the debug kernel) may still be
+    starting fio, or fio may be between two runs, and a kill with nothing
+    in flight tests no takeover."""
+    inflight = f"/sys/block/{os.path.basename(srv.dev)}/inflight"
 
-    before = seen()
+    def busy():
+        with open(inflight) as f:
+            return sum(int(n) for n in f.read().split()) > 0
+
     let_run(load, rng, 1.5)
-    wait_for(lambda: seen() > before, T_IO, f"I/O on {srv.dev}")
+    wait_for(busy, T_IO, f"requests in flight on {srv.dev}")
     srv.kill()
     wait_waiting(srv)
     if while_down:
