@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-HYBDCTL = REPO / "tools" / "hybdctl"
+HYBDCTL = REPO / "tools" / "hybdctl" / "hybdctl"
 RAMDISK = REPO / "examples" / "ramdisk" / "ramdisk"
 BADSERVER = REPO / "tests" / "helpers" / "badserver"
 DEDUP = REPO / "examples" / "dedup" / "dedup"
@@ -189,8 +189,8 @@ def wait_for(pred, timeout, what, interval=0.1):
 # ------------------------------------------------------------------ hybdctl
 
 def hybdctl(*args, timeout=T_CMD):
-    """Run tools/hybdctl; returns (rc, stdout, stderr)."""
-    need_built(HYBDCTL, "tools/hybdctl")
+    """Run tools/hybdctl/hybdctl; returns (rc, stdout, stderr)."""
+    need_built(HYBDCTL, "tools/hybdctl/hybdctl")
     res = run([HYBDCTL, *args], timeout=timeout)
     return res.returncode, res.stdout, res.stderr
 

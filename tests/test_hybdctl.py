@@ -301,11 +301,11 @@ def test_hybdctl_del_in_use_deletes_an_open_device_and_drains_it(ramdisk,
 
 # -------------------------------------------------------- bash completion
 
-COMPLETION = REPO / "tools" / "hybdctl.bash-completion"
+COMPLETION = REPO / "tools" / "hybdctl" / "hybdctl.bash-completion"
 
 
 def complete(*words):
-    """What tools/hybdctl.bash-completion offers for the command line
+    """What tools/hybdctl/hybdctl.bash-completion offers for the command line
     `hybdctl WORDS` (the last word is being completed), run in bash."""
     line = " ".join(shlex.quote(str(w)) for w in (HYBDCTL,) + words)
     script = (f"source {shlex.quote(str(COMPLETION))}\n"

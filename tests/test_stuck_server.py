@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from hybdlib import (LONG, T_STOP, add_device, device_ids, list_devices,
+from hybdlib import (HYBDCTL, LONG, T_STOP, add_device, device_ids, list_devices,
                      direct_read, direct_write, free_id, hybdctl, info,
                      io_errno, io_uring_usable, need_tool, pattern, reap,
                      stack_of, state_of, variants, wait_for)
@@ -193,8 +193,7 @@ def test_waiting_del_is_killable_and_a_forced_del_ends_the_delete(ramdisk):
     stop_server(srv)
     reader = outstanding_read(srv)
 
-    waiting = subprocess.Popen([str(Path(__file__).parent.parent / "tools" /
-                                    "hybdctl"), "del", "--in-use", srv.dev],
+    waiting = subprocess.Popen([str(HYBDCTL), "del", "--in-use", srv.dev],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True)
     wait_for(lambda: info(srv.id)["state"] == "deleting", 10, "state deleting")
@@ -391,7 +390,7 @@ def test_server_pid_is_shown_in_the_callers_pid_namespace(ramdisk):
     assert info(srv.dev)["server_pid"] == srv.pid
     res = subprocess.run(
         [unshare, "--pid", "--fork", "--mount-proc",
-         str(Path(__file__).parent.parent / "tools" / "hybdctl"), "info",
+         str(HYBDCTL), "info",
          srv.dev, "--json"], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert re.search(r'"server_pid":\s*0\b', res.stdout), res.stdout
@@ -491,9 +490,7 @@ def test_del_while_start_scans_partitions_with_nobody_serving(added_devices):
     try:
         time.sleep(2)
         assert starter.is_alive(), f"START returned unserved: {result}"
-        waiting = subprocess.Popen([str(Path(__file__).parent.parent /
-                                        "tools" / "hybdctl"), "del",
-                                    str(dev_id)],
+        waiting = subprocess.Popen([str(HYBDCTL), "del", str(dev_id)],
                                    stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, text=True)
         wait_for(lambda: state_or_gone(dev_id) == "deleting", 10,

@@ -105,7 +105,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-HYBDCTL = REPO / "tools" / "hybdctl"
+HYBDCTL = REPO / "tools" / "hybdctl" / "hybdctl"
 RAMDISK = REPO / "examples" / "ramdisk" / "ramdisk"
 LOOP = REPO / "examples" / "loop" / "hybd-loop"
 DEDUP = REPO / "examples" / "dedup" / "dedup"
@@ -779,7 +779,7 @@ def ensure_hybd(ctx):
         run(["insmod", KMOD])
         ctx.cleanup.push("rmmod hybd", run, ["rmmod", "hybd"])
         wait_until(lambda: os.path.exists(CONTROL), 10, CONTROL)
-    for path, what in ((HYBDCTL, "tools/hybdctl"),
+    for path, what in ((HYBDCTL, "tools/hybdctl/hybdctl"),
                        (RAMDISK, "examples/ramdisk/ramdisk")):
         if not os.access(path, os.X_OK):
             raise BenchError(f"{path} is not built ({what}): run make")

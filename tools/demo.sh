@@ -18,7 +18,7 @@
 set -u
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
-HYBDCTL=$REPO/tools/hybdctl
+HYBDCTL=$REPO/tools/hybdctl/hybdctl
 RAMDISK=$REPO/examples/ramdisk/ramdisk
 PROG=$REPO/bpf/cache.bpf.o
 KMOD=${HYBD_KMOD:-$REPO/kmod/hybd.ko}

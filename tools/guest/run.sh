@@ -78,8 +78,8 @@ final_checks() {
 
 	left=$(pgrep -a -f 'examples/ramdisk/ramdisk|examples/loop/hybd-loop|examples/dedup/dedup serve|tests/helpers/badserver' || true)
 	[ -z "$left" ] || say "warning: servers still running after the run:"$'\n'"$left"
-	if [ -x "$REPO/tools/hybdctl" ] && [ -e /dev/hybd-control ]; then
-		out=$(timeout 30 "$REPO/tools/hybdctl" list --json 2>&1)
+	if [ -x "$REPO/tools/hybdctl/hybdctl" ] && [ -e /dev/hybd-control ]; then
+		out=$(timeout 30 "$REPO/tools/hybdctl/hybdctl" list --json 2>&1)
 		case $out in
 		\[\]|'') ;;
 		*) say "devices left after the run: $out" ;;
