@@ -67,7 +67,7 @@ static long hybd_ctl_features(void __user *arg)
 	f.features = HYBD_F_RINGS | HYBD_F_POLL | HYBD_F_SEQ_CHECK |
 		     HYBD_F_IO_TIMEOUT | HYBD_F_DEL_FORCE | HYBD_F_EVENTFD |
 		     HYBD_F_QUEUE_CPUS | HYBD_F_MEM_INFO | HYBD_F_RECOVERY |
-		     HYBD_F_BACKING;
+		     HYBD_F_BACKING | HYBD_F_RESIZE;
 	if (hybd_bpf_ready)
 		f.features |= HYBD_F_BPF | HYBD_F_PASS_ZEROES | HYBD_F_REMAP;
 	return hybd_copy_out(arg, &f, sizeof(f));
@@ -298,6 +298,8 @@ static long hybd_ctl_ioctl(struct file *file, unsigned int cmd,
 		return hybd_ctl_stats(uarg);
 	case HYBD_CTL_HANDOVER:
 		return hybd_ctl_handover(uarg);
+	case HYBD_CTL_RESIZE:
+		return hybd_ctl_resize(uarg);
 	default:
 		return -ENOTTY;
 	}

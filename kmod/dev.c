@@ -173,6 +173,8 @@ struct hybd_dev *hybd_dev_create(const struct hybd_params *p, u32 id)
 	INIT_WORK(&dev->start_work, hybd_dev_start_work);
 	INIT_WORK(&dev->del_work, hybd_dev_del_work);
 	INIT_DELAYED_WORK(&dev->recovery_work, hybd_dev_recovery_work);
+	mutex_init(&dev->resize_lock);
+	init_waitqueue_head(&dev->resize_wq);
 	dev->params = *p;
 	dev->state = HYBD_STATE_ADDED;
 	dev->ring_entries = roundup_pow_of_two(p->basic.queue_depth);
@@ -444,6 +446,7 @@ void hybd_dev_kill(struct hybd_dev *dev)
 	    dev->state == HYBD_STATE_WAITING)
 		dev->state = HYBD_STATE_DEAD;
 	spin_unlock(&dev->state_lock);
+	hybd_resize_wake(dev);
 }
 
 /**
@@ -525,6 +528,7 @@ void hybd_dev_lose_server(struct hybd_dev *dev)
 	spin_unlock(&dev->state_lock);
 	if (waiting)
 		return;
+	hybd_resize_wake(dev);
 	if (!orphan) {
 		hybd_dev_kill(dev);
 		return;
@@ -697,6 +701,7 @@ int hybd_dev_delete(struct hybd_dev *dev, u32 flags, bool killable)
 		hybd_dev_end_waiting(dev);
 	dev->state = HYBD_STATE_DELETING;
 	spin_unlock(&dev->state_lock);
+	hybd_resize_wake(dev);
 
 	/* held I/O has nobody to serve it: it fails now */
 	if (waiting && cancel_delayed_work(&dev->recovery_work))

@@ -312,6 +312,15 @@ struct hybd_dev {
 	u32			bpf_gen;	/* bumped on attach/replace */
 	u32			bpf_attaches;
 	bool			bpf_gone;	/* deleted: takes no program */
+
+	/* resizes (resize.c), one at a time */
+	struct mutex		resize_lock;
+	/* the question to the server; under @state_lock */
+	u32			resize_gen;
+	bool			resize_asking;
+	bool			resize_answered;
+	int			resize_result;
+	wait_queue_head_t	resize_wq;
 };
 
 /* main.c */
@@ -393,6 +402,12 @@ int hybd_backing_reap(struct hybd_dev *dev, bool sync);
 
 /* remap.c */
 long hybd_remap_barrier(struct hybd_dev *dev);
+
+/* resize.c */
+int hybd_dev_resize(struct hybd_dev *dev, u64 size, bool ask);
+long hybd_srv_resize(struct hybd_dev *dev, void __user *arg);
+long hybd_ctl_resize(void __user *arg);
+void hybd_resize_wake(struct hybd_dev *dev);
 void hybd_remap_init_queue(struct hybd_queue *q);
 int hybd_remap_prepare(struct hybd_queue *q, struct hybd_tag *t, u32 index,
 		       u64 offset);

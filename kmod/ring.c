@@ -547,6 +547,8 @@ static long hybd_srv_ioctl(struct file *file, unsigned int cmd,
 		return hybd_backing_del(dev, arg);
 	case HYBD_SRV_REMAP_BARRIER:
 		return arg ? -EINVAL : hybd_remap_barrier(dev);
+	case HYBD_SRV_RESIZE:
+		return hybd_srv_resize(dev, (void __user *)arg);
 	default:
 		return -ENOTTY;
 	}

@@ -3,6 +3,7 @@
  * The control node /dev/hybd-control: add, delete, list and query devices.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <fcntl.h>
 #include <string.h>
 #include <sys/ioctl.h>
@@ -290,6 +291,54 @@ int hybd_ctl_handover(uint32_t id)
 
 	ret = ctl_ioctl(HYBD_CTL_HANDOVER, "HYBD_CTL_HANDOVER", id, &d, 0);
 	return ret < 0 ? ret : 0;
+}
+
+/* Why a resize of hybd@id to @size failed, in words (-errno kept). */
+int hybd__resize_err(int err, uint32_t id, uint64_t size)
+{
+	const char *why;
+
+	switch (err) {
+	case -EINVAL:
+		why = "the size must be a non-zero multiple of the logical block size, at most 1 PiB";
+		break;
+	case -EOPNOTSUPP:
+		why = "its server does not take resizes (its driver has no resize hook), or the module is too old";
+		break;
+	case -EAGAIN:
+		why = "it is not live (not started yet, or waiting for a new server)";
+		break;
+	case -EBUSY:
+		why = "a fast path is attached (detach it to shrink), requests in flight did not end in time, or another resize is under way";
+		break;
+	case -ETIMEDOUT:
+		why = "its server did not answer in time";
+		break;
+	case -ENODEV:
+		why = "no such device, or it is dead or being deleted";
+		break;
+	case -ENOTTY:
+		why = "the loaded module cannot resize (ABI mismatch)";
+		break;
+	default:
+		return hybd__err(err, "cannot resize hybd%u to %" PRIu64 " bytes",
+				 id, size);
+	}
+	return hybd__err(err, "cannot resize hybd%u to %" PRIu64 " bytes: %s",
+			 id, size, why);
+}
+
+int hybd_ctl_resize(uint32_t id, uint64_t size)
+{
+	struct hybd_ctl_resize r = { .len = sizeof(r), .dev_id = id,
+				     .size = size };
+	int ret;
+
+	ret = ctl_ioctl(HYBD_CTL_RESIZE, "HYBD_CTL_RESIZE", id, &r,
+			CTL_QUIET_IOCTL);
+	if (ret == -EPERM || ret == -EACCES)
+		return ctl_err(ret, "HYBD_CTL_RESIZE", id);
+	return ret < 0 ? hybd__resize_err(ret, id, size) : 0;
 }
 
 /* HYBD_CTL_DEL that leaves the message alone (to undo a half-made device). */

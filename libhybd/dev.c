@@ -186,6 +186,8 @@ static void set_config(struct hybd_dev *dev, const struct hybd_config *cfg,
 	struct hybd_config *c = &dev->cfg;
 
 	*c = *cfg;
+	/* the device's own: a device taken over may have been resized */
+	dev->size = b->dev_size;
 	c->size = dev->size;
 	c->dev_id = dev->id;
 	c->logical_block_size = b->logical_bs;
@@ -202,6 +204,90 @@ static void set_config(struct hybd_dev *dev, const struct hybd_config *cfg,
 	c->discard_granularity = d->discard_granularity;
 	c->max_write_zeroes_bytes = d->max_write_zeroes_bytes;
 	c->queue_threads = dev->queue_threads;
+}
+
+/* The size the driver serves, for hybd_dev_config() readers anywhere. */
+static void set_size(struct hybd_dev *dev, uint64_t size)
+{
+	__atomic_store_n(&dev->size, size, __ATOMIC_RELEASE);
+	__atomic_store_n(&dev->cfg.size, size, __ATOMIC_RELEASE);
+}
+
+static int srv_resize(struct hybd_dev *dev, struct hybd_srv_resize *r)
+{
+	int ret;
+
+	r->len = sizeof(*r);
+	do {
+		ret = ioctl(dev->srv_fd, HYBD_SRV_RESIZE, r);
+	} while (ret < 0 && errno == EINTR);
+	return ret < 0 ? -errno : 0;
+}
+
+/*
+ * Queue 0's worker, HYBD_RING_RESIZE: ask the driver, tell the kernel.
+ * The flag stays up until the kernel has the answer: answer each request
+ * once.
+ */
+void hybd__resize_answer(struct hybd_dev *dev, struct hybd_ring_hdr *hdr)
+{
+	struct hybd_srv_resize r = { .flags = HYBD_SRV_RESIZE_F_ANSWER };
+	uint32_t gen = hybd_load_acquire(&hdr->resize_gen);
+	uint64_t size = hybd_read_once(&hdr->resize_size);
+	uint64_t old = hybd_dev_size(dev);
+
+	if (gen == dev->resize_gen)
+		return;
+	dev->resize_gen = gen;
+	r.gen = gen;
+	if (!dev->drv.resize)
+		r.result = -EOPNOTSUPP;
+	else
+		r.result = dev->drv.resize(dev, size);
+	if (r.result > 0 || r.result < -4095)
+		r.result = -EINVAL;
+	/*
+	 * The new size before the answer: once the kernel has it, requests
+	 * beyond the old end may reach the other workers at once.
+	 */
+	if (!r.result)
+		set_size(dev, size);
+	/* -ESTALE: the kernel gave up waiting and changed nothing */
+	if (srv_resize(dev, &r) && !r.result)
+		set_size(dev, old);
+}
+
+int hybd_dev_resize(struct hybd_dev *dev, uint64_t size)
+{
+	struct hybd_srv_resize r = { .size = size };
+	uint64_t old;
+	int ret;
+
+	if (!dev)
+		return hybd__err(-EINVAL, "hybd_dev_resize: no device");
+	if (!(dev->features & HYBD_F_RESIZE))
+		return hybd__err(-EOPNOTSUPP,
+				 "the hybd module cannot resize devices (no HYBD_F_RESIZE): update it");
+	if (size < hybd_dev_size(dev) && hybd__on_worker())
+		return hybd__err(-EDEADLK,
+				 "%s: a shrink waits for the requests in flight, which a worker may hold: shrink from another thread",
+				 dev->path);
+	old = hybd_dev_size(dev);
+	/* a grow is served from the moment the kernel has it */
+	if (size > old)
+		set_size(dev, size);
+	ret = srv_resize(dev, &r);
+	if (ret) {
+		set_size(dev, old);
+		return hybd__resize_err(ret, dev->id, size);
+	}
+	set_size(dev, size);
+	return 0;
+}
+
+uint64_t hybd_dev_size(const struct hybd_dev *dev)
+{
+	return __atomic_load_n(&dev->size, __ATOMIC_ACQUIRE);
 }
 
 const struct hybd_config *hybd_dev_config(const struct hybd_dev *dev)
@@ -350,6 +436,9 @@ int hybd_dev_create_sized(const struct hybd_config *cfg_in, size_t cfg_size,
 		ret = hybd_ctl_features(&feat);
 	if (ret)
 		return ret;
+	/* the kernel may ask a driver that can answer */
+	if (drv.resize && (feat.features & HYBD_F_RESIZE))
+		params.basic.flags |= HYBD_DEV_F_RESIZE;
 	if (cfg.recovery_timeout && !(feat.features & HYBD_F_RECOVERY))
 		return hybd__err(-EOPNOTSUPP,
 				 "the hybd module has no recovery mode (HYBD_F_RECOVERY): update it, or set no recovery timeout");

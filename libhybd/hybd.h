@@ -57,7 +57,7 @@ extern "C" {
 #include <stddef.h>
 
 #define HYBD_LIB_VERSION_MAJOR	1
-#define HYBD_LIB_VERSION_MINOR	9
+#define HYBD_LIB_VERSION_MINOR	10
 /* what hybd_lib_version() returns for a given version */
 #define HYBD_LIB_VERSION(major, minor)	(((major) << 16) | (minor))
 
@@ -248,6 +248,23 @@ struct hybd_driver {
 	 * report the details from the hook itself.
 	 */
 	int (*prepare)(struct hybd_dev *dev);
+
+	/* since 1.10 */
+
+	/*
+	 * resize - someone asked for the device to become @size bytes
+	 * (hybd_ctl_resize(), `hybdctl resize`).  Return 0 once the driver
+	 * serves that size (a grow: its storage is there; a shrink: it may
+	 * let go of what lies beyond), or a negative errno to refuse (the
+	 * resize then fails with it, and nothing changes).  Called in queue
+	 * 0's worker while the other workers serve; on a shrink no request
+	 * is in flight (the kernel holds new ones back until it returns), on
+	 * a grow requests below the old size may run meanwhile.  Answer
+	 * within the device's I/O timeout (30 s without one).  A driver
+	 * with this hook gets HYBD_DEV_F_RESIZE (if the module can resize);
+	 * without it, only the driver itself resizes (hybd_dev_resize()).
+	 */
+	int (*resize)(struct hybd_dev *dev, uint64_t size);
 };
 
 /*
@@ -430,6 +447,29 @@ const char *hybd_dev_path(const struct hybd_dev *dev);
  */
 const struct hybd_config *hybd_dev_config(const struct hybd_dev *dev);
 
+/*
+ * hybd_dev_size - the device's size in bytes now (since 1.10): as
+ * created, then as resized (hybd_dev_resize(), the driver's resize hook
+ * accepting a resize).  hybd_dev_config()->size follows it too.  The
+ * library fails requests beyond it with -EIO before any handler sees
+ * them.
+ */
+uint64_t hybd_dev_size(const struct hybd_dev *dev);
+
+/*
+ * hybd_dev_resize - the driver resizes its own live device to @size bytes
+ * (since 1.10; HYBD_F_RESIZE), under I/O: grow once the storage for the
+ * new blocks is ready, shrink before letting go of the old ones.  A
+ * shrink first waits for the requests in flight to end, holding new ones
+ * back: not from a worker (-EDEADLK), whose own requests it would wait
+ * for.  It is refused while a fast path is attached (-EBUSY), which could
+ * otherwise serve blocks beyond the new end after a later grow.  The
+ * resize hook is not called.  The block layer sees the new size at once
+ * and announces it (a change uevent with RESIZE=1).
+ * RETURN VALUE: 0 or -errno (include/uapi/hybd.h, HYBD_SRV_RESIZE).
+ */
+int hybd_dev_resize(struct hybd_dev *dev, uint64_t size);
+
 /* hybd_dev_priv - RETURN VALUE: the @priv given to hybd_dev_create(). */
 void *hybd_dev_priv(const struct hybd_dev *dev);
 
@@ -599,6 +639,16 @@ int hybd_ctl_del_flags(uint32_t id, uint32_t flags);
  * no such device, or it is not live).
  */
 int hybd_ctl_handover(uint32_t id);
+
+/*
+ * hybd_ctl_resize - resize live device @id to @size bytes (since 1.10;
+ * HYBD_F_RESIZE): its server's resize hook is asked first, and may refuse.
+ * A shrink is refused while a fast path is attached.  Needs a server with a
+ * resize hook (-EOPNOTSUPP otherwise).
+ * RETURN VALUE: 0 or -errno, hybd_errmsg() saying why in words
+ * (include/uapi/hybd.h, HYBD_CTL_RESIZE).
+ */
+int hybd_ctl_resize(uint32_t id, uint64_t size);
 
 /*
  * hybd_ctl_add - add a device described by @cfg without serving it.  It

@@ -126,6 +126,7 @@ struct hybd_dev {
 	bool			started;	/* HYBD_SRV_START succeeded */
 	bool			attached;	/* HYBD_CFG_ATTACH: resume it */
 	int			handed_over;	/* atomic: a worker drained */
+	uint32_t		resize_gen;	/* queue 0's worker: last answered */
 	pthread_mutex_t		lock;		/* protects what follows */
 	pthread_cond_t		cond;
 	unsigned int		nr_running;	/* workers alive */
@@ -144,6 +145,7 @@ void hybd__ops_str(uint32_t ops, char *buf, size_t size);
 
 /* ctl.c */
 int hybd__ctl_del(uint32_t id);
+int hybd__resize_err(int err, uint32_t id, uint64_t size);
 int hybd__ctl_add_params(const struct hybd_params *p, int32_t dev_id,
 			 uint32_t *id_out);
 int hybd__config_to_params(const struct hybd_config *cfg,
@@ -172,5 +174,9 @@ void hybd__queue_exit(struct hybd_queue *q);
 unsigned int hybd__queue_drain(struct hybd_queue *q);
 void *hybd__worker(void *arg);
 void hybd__worker_stopped(struct hybd_queue *q, int err);
+bool hybd__on_worker(void);
+
+/* dev.c */
+void hybd__resize_answer(struct hybd_dev *dev, struct hybd_ring_hdr *hdr);
 
 #endif /* LIBHYBD_INTERNAL_H */

@@ -259,10 +259,11 @@ void hybd_io_complete_batch(struct hybd_io *const *ios, const int *results,
 
 static int in_range(const struct hybd_dev *dev, uint64_t sector, uint32_t len)
 {
-	uint64_t sectors = dev->size >> HYBD_SECTOR_SHIFT;
+	uint64_t size = hybd_dev_size(dev);
+	uint64_t sectors = size >> HYBD_SECTOR_SHIFT;
 
 	return sector <= sectors &&
-	       len <= dev->size - (sector << HYBD_SECTOR_SHIFT);
+	       len <= size - (sector << HYBD_SECTOR_SHIFT);
 }
 
 /* Call the handler for @io.  Returns what the handler did, or -errno. */
@@ -486,6 +487,19 @@ static int worker_io(struct hybd_queue *q, uint16_t flags)
 	return ret < 0 ? ret : 0;
 }
 
+/* Is this thread a queue's worker? */
+bool hybd__on_worker(void)
+{
+	return hybd_current_queue != NULL;
+}
+
+/* Queue 0 only: is a resize waiting for the server's answer? */
+static bool resize_asked(struct hybd_queue *q)
+{
+	return q->id == 0 &&
+	       (hybd_load_acquire(&q->hdr->flags) & HYBD_RING_RESIZE);
+}
+
 /* Has a new server asked for the queue (HYBD_CTL_HANDOVER)? */
 static bool handing_over(struct hybd_queue *q)
 {
@@ -571,6 +585,8 @@ static int worker_loop_wait(struct hybd_queue *q)
 			return ret;
 		if (handing_over(q))
 			return worker_hand_over(q);
+		if (resize_asked(q))
+			hybd__resize_answer(q->dev, q->hdr);
 		if (hybd__queue_drain(q) && drv->queue_idle)
 			drv->queue_idle(q);
 	}
@@ -596,6 +612,8 @@ static int worker_loop_poll(struct hybd_queue *q)
 			return ret;
 		if (handing_over(q))
 			return worker_hand_over(q);
+		if (resize_asked(q))
+			hybd__resize_answer(q->dev, q->hdr);
 		if (hybd__queue_drain(q))
 			continue;
 		if (drv->queue_idle)

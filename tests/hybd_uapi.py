@@ -28,15 +28,18 @@ DEV_ID_ANY = 0xFFFFFFFF
 F_RINGS, F_POLL, F_SEQ_CHECK, F_BPF = 1, 2, 4, 8
 F_IO_TIMEOUT, F_DEL_FORCE = 16, 32
 F_EVENTFD, F_QUEUE_CPUS, F_MEM_INFO, F_PASS_ZEROES = 64, 128, 256, 512
-F_RECOVERY, F_BACKING, F_REMAP = 1024, 2048, 4096
+F_RECOVERY, F_BACKING, F_REMAP, F_RESIZE = 1024, 2048, 4096, 8192
 F_KNOWN = (F_RINGS | F_POLL | F_SEQ_CHECK | F_BPF | F_IO_TIMEOUT |
            F_DEL_FORCE | F_EVENTFD | F_QUEUE_CPUS | F_MEM_INFO |
-           F_PASS_ZEROES | F_RECOVERY | F_BACKING | F_REMAP)
+           F_PASS_ZEROES | F_RECOVERY | F_BACKING | F_REMAP | F_RESIZE)
 MAX_BACKINGS = 16
 BACKING_F_WRITE = 1
 SRV_BACKING_FMT = "<IiIIQII2Q"      # struct hybd_srv_backing, 48
 SRV_IO_FMT = "<IHHII"               # struct hybd_srv_io, 16
 SRV_QUEUE_CPUS_FMT = "<IIIIQII"     # struct hybd_srv_queue_cpus, 32
+CTL_RESIZE_FMT = "<IIQII2Q"         # struct hybd_ctl_resize, 40
+SRV_RESIZE_FMT = "<IIQIi2Q"         # struct hybd_srv_resize, 40
+RING_HDR_FMT = "<13IIQ"             # struct hybd_ring_hdr, 64
 DEL_F_FORCE = 1
 
 OPF_READ, OPF_WRITE, OPF_FLUSH, OPF_FUA = 1, 2, 4, 8
@@ -98,6 +101,9 @@ SIZES = {
     "struct hybd_srv_backing": struct.calcsize(SRV_BACKING_FMT),
     "struct hybd_srv_io": struct.calcsize(SRV_IO_FMT),
     "struct hybd_srv_queue_cpus": struct.calcsize(SRV_QUEUE_CPUS_FMT),
+    "struct hybd_ctl_resize": struct.calcsize(CTL_RESIZE_FMT),
+    "struct hybd_srv_resize": struct.calcsize(SRV_RESIZE_FMT),
+    "struct hybd_ring_hdr": struct.calcsize(RING_HDR_FMT),
 }
 
 _IOC_WRITE, _IOC_READ = 1, 2
@@ -115,6 +121,7 @@ CTL_INFO = _ioc(_IOC_READ | _IOC_WRITE, 0x03, INFO_SIZE)
 CTL_LIST = _ioc(_IOC_READ | _IOC_WRITE, 0x04, SIZES["struct hybd_ctl_list"])
 CTL_STATS = _ioc(_IOC_READ | _IOC_WRITE, 0x05, STATS_SIZE)
 CTL_HANDOVER = _ioc(_IOC_WRITE, 0x06, SIZES["struct hybd_ctl_dev"])
+CTL_RESIZE = _ioc(_IOC_WRITE, 0x07, SIZES["struct hybd_ctl_resize"])
 SRV_ADD_BACKING = _ioc(_IOC_READ | _IOC_WRITE, 0x46,
                        struct.calcsize(SRV_BACKING_FMT))
 SRV_DEL_BACKING = _ioc(0, 0x47, 0)
@@ -131,6 +138,7 @@ IOCTLS = {
     "HYBD_CTL_LIST": CTL_LIST,
     "HYBD_CTL_STATS": CTL_STATS,
     "HYBD_CTL_HANDOVER": CTL_HANDOVER,
+    "HYBD_CTL_RESIZE": CTL_RESIZE,
 }
 # the server node's, of those the suite calls directly
 SRV_IOCTLS = {
@@ -230,6 +238,15 @@ def handover(ctl, dev_id, flags=0, reserved0=0):
     return ioctl(ctl.fd, CTL_HANDOVER, buf)
 
 
+def resize(ctl, dev_id, size, flags=0, reserved0=0, reserved=(0, 0),
+           length=None):
+    """HYBD_CTL_RESIZE; returns errno (0 on success)."""
+    n = SIZES["struct hybd_ctl_resize"]
+    buf = bytearray(struct.pack(CTL_RESIZE_FMT, n if length is None else length,
+                                dev_id, size, flags, reserved0, *reserved))
+    return ioctl(ctl.fd, CTL_RESIZE, buf)
+
+
 def info_recovery(ctl, dev_id):
     """HYBD_CTL_INFO; returns (errno, dict of the recovery fields)."""
     buf = bytearray(INFO_SIZE)
@@ -310,10 +327,11 @@ int main(void)
 	S(struct hybd_ctl_features) S(struct hybd_ctl_stats)
 	S(struct hybd_dev_stats) S(struct hybd_queue_stat)
 	S(struct hybd_srv_backing) S(struct hybd_srv_io)
-	S(struct hybd_srv_queue_cpus)
+	S(struct hybd_srv_queue_cpus) S(struct hybd_ctl_resize)
+	S(struct hybd_srv_resize) S(struct hybd_ring_hdr)
 	I(HYBD_CTL_GET_FEATURES) I(HYBD_CTL_ADD) I(HYBD_CTL_DEL)
 	I(HYBD_CTL_INFO) I(HYBD_CTL_LIST) I(HYBD_CTL_STATS)
-	I(HYBD_CTL_HANDOVER) I(HYBD_SRV_ADD_BACKING) I(HYBD_SRV_DEL_BACKING)
+	I(HYBD_CTL_HANDOVER) I(HYBD_CTL_RESIZE) I(HYBD_SRV_ADD_BACKING) I(HYBD_SRV_DEL_BACKING)
 	I(HYBD_SRV_REMAP_BARRIER) I(HYBD_SRV_IO) I(HYBD_SRV_QUEUE_CPUS)
 	return 0;
 }

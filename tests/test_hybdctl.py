@@ -32,6 +32,7 @@ OPTIONS = {
             "--ops", "--no-write-cache", "--poll-ns", "--io-timeout", "--id",
             "--max-discard", "--discard-granularity", "--max-write-zeroes"],
     "del": ["--in-use", "--force"],
+    "resize": [],
     "attach": ["--replace"],
     "detach": [],
     "stats": ["--json", "--per-queue", "--maps", "--watch"],

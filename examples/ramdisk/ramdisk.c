@@ -7,6 +7,7 @@
  *           [--io-timeout SECONDS] [--max-write-zeroes BYTES]
  *           [--zero-writes] [--bpf PROG.bpf.o] [--backing FILE | --null]
  *           [--recovery SECONDS] [--attach] [--queue-affinity]
+ *           [--max-size BYTES]
  *
  * It creates /dev/hybdN, prints "ready /dev/hybdN" once the disk exists and
  * serves it until SIGINT or SIGTERM.  Then it deletes the device (the
@@ -36,6 +37,11 @@
  * server: it takes device N over, a waiting one, or a live one whose
  * server it asks to hand over (which then exits with "handed over").
  * Only a --backing disk keeps its data across that.
+ *
+ * --max-size BYTES: how far `hybdctl resize` may grow the disk (its size
+ * by default: it may only shrink).  The memory is reserved, not used,
+ * until written; a --backing FILE grows and shrinks with the disk.  What
+ * a shrink cut off reads as zeros when a grow brings it back.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -54,9 +60,11 @@
 #include "hybd.h"
 
 struct ramdisk {
-	unsigned char *mem;
+	unsigned char *mem;		/* max_size bytes reserved */
 	bool backed;			/* --backing: mem maps a file */
-	uint64_t size;
+	int fd;				/* --backing: the file */
+	_Atomic uint64_t size;		/* the disk's size now */
+	uint64_t max_size;		/* --max-size */
 	atomic_ulong reads, writes, flushes, fua, discards, write_zeroes;
 };
 
@@ -106,7 +114,7 @@ static int ramdisk_flush(struct hybd_io *io)
 	struct ramdisk *rd = hybd_io_priv(io);
 
 	count(&rd->flushes);
-	if (rd->backed && msync(rd->mem, rd->size, MS_SYNC))
+	if (rd->backed && msync(rd->mem, atomic_load(&rd->size), MS_SYNC))
 		return -EIO;
 	return 0;
 }
@@ -130,12 +138,39 @@ static int ramdisk_write_zeroes(struct hybd_io *io, uint64_t offset,
 	return 0;
 }
 
+/*
+ * `hybdctl resize`: up to --max-size.  On a shrink no request is in
+ * flight; what lies beyond the new end is let go of (the file shrinks, the
+ * memory goes back), so that it reads as zeros if a grow brings it back.
+ */
+static int ramdisk_resize(struct hybd_dev *dev, uint64_t size)
+{
+	struct ramdisk *rd = hybd_dev_priv(dev);
+	uint64_t old = atomic_load(&rd->size), page = 4096, cut;
+
+	if (size > rd->max_size)
+		return -ENOSPC;
+	if (rd->backed) {
+		if (ftruncate(rd->fd, size))
+			return -errno;
+	} else if (rd->mem && size < old) {
+		cut = (size + page - 1) & ~(page - 1);
+		memset(rd->mem + size, 0, (cut < old ? cut : old) - size);
+		if (cut < old && madvise(rd->mem + cut, old - cut,
+					 MADV_DONTNEED))
+			return -errno;
+	}
+	atomic_store(&rd->size, size);
+	return 0;
+}
+
 static const struct hybd_driver ramdisk_driver = {
 	.read		= ramdisk_read,
 	.write		= ramdisk_write,
 	.flush		= ramdisk_flush,
 	.discard	= ramdisk_discard,
 	.write_zeroes	= ramdisk_write_zeroes,
+	.resize		= ramdisk_resize,
 };
 
 /* --null: the requests are counted, their data is never touched. */
@@ -177,6 +212,7 @@ static const struct hybd_driver null_driver = {
 	.flush		= ramdisk_flush,
 	.discard	= null_range,
 	.write_zeroes	= null_range,
+	.resize		= ramdisk_resize,
 };
 
 static int fail(const char *what, int err)
@@ -202,12 +238,14 @@ static const char usage[] =
 	"               [--lbs N] [--pbs N] [--poll-ns N] [--no-write-cache] [--id N]\n"
 	"               [--io-timeout SECONDS] [--max-write-zeroes BYTES]\n"
 	"               [--zero-writes] [--bpf PROG.bpf.o] [--backing FILE | --null]\n"
-	"               [--recovery SECONDS] [--attach] [--queue-affinity]\n";
+	"               [--recovery SECONDS] [--attach] [--queue-affinity]\n"
+	"               [--max-size BYTES]\n";
 
 static const char *bpf_path;	/* --bpf */
 static const char *backing;	/* --backing */
 static bool null_mode;		/* --null */
 static bool size_given;
+static uint64_t max_size;	/* --max-size */
 
 static void parse_args(int argc, char **argv, struct hybd_config *cfg)
 {
@@ -232,6 +270,7 @@ static void parse_args(int argc, char **argv, struct hybd_config *cfg)
 		{ "null", no_argument, NULL, 'N' },
 		/* workers on their queues' CPUs (the placement before 1.8) */
 		{ "queue-affinity", no_argument, NULL, 'Q' },
+		{ "max-size", required_argument, NULL, 'X' },
 		{ NULL, 0, NULL, 0 },
 	};
 	int c, i = 0;
@@ -260,6 +299,7 @@ static void parse_args(int argc, char **argv, struct hybd_config *cfg)
 		case 'A': cfg->lib_flags |= HYBD_CFG_ATTACH; break;
 		case 'N': null_mode = true; break;
 		case 'Q': cfg->lib_flags |= HYBD_CFG_QUEUE_AFFINITY; break;
+		case 'X': max_size = number(name, optarg, UINT64_MAX); break;
 		case 'W':
 			/* nothing cached: no flush, no FUA */
 			cfg->flags &= ~HYBD_DEV_F_WRITE_CACHE;
@@ -304,14 +344,17 @@ static int map_backing(struct ramdisk *rd, struct hybd_config *cfg)
 		close(fd);
 		return 1;
 	}
-	rd->mem = mmap(NULL, cfg->size, PROT_READ | PROT_WRITE, MAP_SHARED,
+	/* beyond the file's end too, for grows; never touched there */
+	rd->max_size = max_size > cfg->size ? max_size : cfg->size;
+	rd->mem = mmap(NULL, rd->max_size, PROT_READ | PROT_WRITE, MAP_SHARED,
 		       fd, 0);
-	close(fd);
 	if (rd->mem == MAP_FAILED) {
 		fprintf(stderr, "ramdisk: mapping %s: %s\n", backing,
 			strerror(errno));
+		close(fd);
 		return 1;
 	}
+	rd->fd = fd;
 	rd->backed = true;
 	return 0;
 }
@@ -353,10 +396,16 @@ int main(int argc, char **argv)
 		ret = map_backing(&rd, &cfg);
 		if (ret)
 			return ret;
-	} else if (!null_mode) {
-		rd.mem = calloc(1, cfg.size ? cfg.size : 1);
-		if (!rd.mem)
-			return fail("cannot allocate the disk's memory", -ENOMEM);
+	} else {
+		rd.max_size = max_size > cfg.size ? max_size : cfg.size;
+	}
+	if (!backing && !null_mode) {
+		/* reserved, not used: pages come (zeroed) when written */
+		rd.mem = mmap(NULL, rd.max_size ? rd.max_size : 1,
+			      PROT_READ | PROT_WRITE,
+			      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+		if (rd.mem == MAP_FAILED)
+			return fail("cannot allocate the disk's memory", -errno);
 	}
 	rd.size = cfg.size;
 
@@ -408,12 +457,13 @@ int main(int argc, char **argv)
 	       atomic_load(&rd.flushes), atomic_load(&rd.fua),
 	       atomic_load(&rd.discards), atomic_load(&rd.write_zeroes));
 	if (rd.backed) {
-		ret = msync(rd.mem, rd.size, MS_SYNC);
-		munmap(rd.mem, rd.size);
+		ret = msync(rd.mem, atomic_load(&rd.size), MS_SYNC);
+		munmap(rd.mem, rd.max_size);
+		close(rd.fd);
 		if (ret)
 			return fail("msync of the backing file", -errno);
-	} else {
-		free(rd.mem);
+	} else if (rd.mem) {
+		munmap(rd.mem, rd.max_size ? rd.max_size : 1);
 	}
 	return 0;
 }

@@ -107,6 +107,8 @@
  * remap_refused and remap_waited counters, and HYBD_SRV_REMAP_BARRIER.
  */
 #define HYBD_F_REMAP		(1ULL << 12)
+/* HYBD_CTL_RESIZE, HYBD_SRV_RESIZE, HYBD_DEV_F_RESIZE, HYBD_RING_RESIZE */
+#define HYBD_F_RESIZE		(1ULL << 13)
 
 /*
  * Supported operations (hybd_param_basic.ops).  READ is mandatory; a
@@ -132,7 +134,13 @@
  * HYBD_OPF_WRITE_ZEROES; offered with HYBD_F_PASS_ZEROES
  */
 #define HYBD_DEV_F_ZERO_WRITES	(1U << 1)
-#define HYBD_DEV_F_ALL		0x3U
+/*
+ * the server answers resize requests (HYBD_CTL_RESIZE: HYBD_RING_RESIZE,
+ * HYBD_SRV_RESIZE_F_ANSWER); offered with HYBD_F_RESIZE.  Without it only
+ * the server itself resizes its device (HYBD_SRV_RESIZE).
+ */
+#define HYBD_DEV_F_RESIZE	(1U << 2)
+#define HYBD_DEV_F_ALL		0x7U
 
 /* Parameter block types (hybd_params.types). */
 #define HYBD_PARAM_BASIC	(1U << 0)	/* mandatory */
@@ -388,6 +396,48 @@ struct hybd_ctl_features {
 #define HYBD_CTL_HANDOVER	_IOW(HYBD_IOC_MAGIC, 0x06, struct hybd_ctl_dev)
 
 /*
+ * HYBD_CTL_RESIZE (HYBD_F_RESIZE): change the size of a live device whose
+ * server answers resizes (HYBD_DEV_F_RESIZE), under I/O.  @size is in
+ * bytes, a multiple of the logical block size, 1..HYBD_MAX_DEV_SIZE.
+ *
+ * The server is asked first (HYBD_RING_RESIZE on queue 0) and may refuse
+ * (its errno is returned); it must answer within the device's I/O timeout
+ * (HYBD_RESIZE_TIMEOUT without one), or the resize fails with -ETIMEDOUT
+ * and nothing changes.  A grow asks, then sets the new size.  A shrink
+ * first waits for the requests in flight to end while holding new ones
+ * back (the queue is frozen, at most as long as the server may take to
+ * answer; -EBUSY if they do not end in time), then asks, then sets the
+ * size: when the server is asked, no request beyond the new end is in
+ * flight, and none can come.  The block layer ends requests beyond the
+ * end itself (reads there see the end of the device).  The new size is
+ * announced to user space with a change uevent (RESIZE=1), as for any
+ * disk; a file system on it is grown or shrunk by its own tools.
+ *
+ * A fast path's state about blocks beyond a shrunk end could outlive
+ * them, and be served again after a grow: a shrink is refused (-EBUSY)
+ * while a fast path is attached; detach it first.  After a grow, the
+ * program's per-block maps (sized when it was loaded) do not cover the new
+ * blocks: a lookup there finds nothing, and the program passes those
+ * requests on.  Errors: -ENODEV (no such device, or dead or deleting),
+ * -EAGAIN (not live: not started, or waiting for a server), -EOPNOTSUPP
+ * (the server does not answer resizes: no HYBD_DEV_F_RESIZE; or unknown
+ * flags), -EINVAL (@size, reserved), -EBUSY (above, or another resize under way), -ETIMEDOUT,
+ * -EINTR (a signal while waiting: nothing changed), or the server's own
+ * errno.  Equal to the current size: 0 at once.
+ */
+#define HYBD_RESIZE_TIMEOUT	30	/* seconds */
+
+struct hybd_ctl_resize {
+	__u32	len;
+	__u32	dev_id;
+	__u64	size;		/* bytes */
+	__u32	flags;		/* none defined: 0 */
+	__u32	reserved0;
+	__u64	reserved[2];
+};
+#define HYBD_CTL_RESIZE		_IOW(HYBD_IOC_MAGIC, 0x07, struct hybd_ctl_resize)
+
+/*
  * ---------------------------------------------------------------------
  * The server side: /dev/hybdN-srv
  * ---------------------------------------------------------------------
@@ -475,6 +525,15 @@ struct hybd_ctl_features {
  * until the node is closed.
  */
 #define HYBD_RING_DRAIN		(1U << 2)
+/*
+ * Queue 0 only, HYBD_CTL_RESIZE: the device is to become resize_size
+ * bytes.  Answer with HYBD_SRV_RESIZE (HYBD_SRV_RESIZE_F_ANSWER, gen =
+ * resize_gen, read with acquire after the flag): 0 once the server serves
+ * the new size (a grow: storage ready; a shrink: it may let go of what
+ * lies beyond), or a negative errno to refuse.  The worker is kicked
+ * (HYBD_SRV_IO returns, the eventfd is signalled) when the flag is set.
+ */
+#define HYBD_RING_RESIZE	(1U << 3)
 
 struct hybd_ring_hdr {
 	__u32	sq_tail;	/* written by the kernel */
@@ -490,7 +549,9 @@ struct hybd_ring_hdr {
 	__u32	desc_off;
 	__u32	data_off;
 	__u32	queue_id;
-	__u32	reserved[3];
+	/* HYBD_RING_RESIZE (queue 0): the request's number and size */
+	__u32	resize_gen;
+	__u64	resize_size;
 };
 
 /* hybd_io_desc.op */
@@ -703,6 +764,33 @@ struct hybd_srv_backing {
  * hangs.
  */
 #define HYBD_SRV_REMAP_BARRIER	_IO(HYBD_IOC_MAGIC, 0x48)
+
+/*
+ * HYBD_SRV_RESIZE (HYBD_F_RESIZE), two uses:
+ * - flags 0: the server resizes its own device to @size, as
+ *   HYBD_CTL_RESIZE does (a shrink waits for the requests in flight to
+ *   end, and is refused while a fast path is attached) but without asking
+ *   it: a grow only once it serves the new blocks, a shrink before it lets
+ *   go of the old ones.  Not from a worker holding requests on a shrink:
+ *   the shrink would wait for them until -EBUSY.
+ * - HYBD_SRV_RESIZE_F_ANSWER: answer resize request @gen (HYBD_RING_RESIZE)
+ *   with @result, 0 or a negative errno; @size is ignored.  -ESTALE if
+ *   that request is not the one waiting (it timed out, or was
+ *   interrupted).
+ * The same errors as HYBD_CTL_RESIZE otherwise.
+ */
+#define HYBD_SRV_RESIZE_F_ANSWER	(1U << 0)
+#define HYBD_SRV_RESIZE_F_ALL		0x1U
+
+struct hybd_srv_resize {
+	__u32	len;
+	__u32	flags;		/* HYBD_SRV_RESIZE_F_* */
+	__u64	size;		/* bytes */
+	__u32	gen;		/* HYBD_SRV_RESIZE_F_ANSWER: resize_gen */
+	__s32	result;		/* HYBD_SRV_RESIZE_F_ANSWER: 0 or -errno */
+	__u64	reserved[2];
+};
+#define HYBD_SRV_RESIZE		_IOW(HYBD_IOC_MAGIC, 0x49, struct hybd_srv_resize)
 
 /*
  * ---------------------------------------------------------------------

@@ -29,6 +29,15 @@
  *                    serving thread sleeps in HYBD_SRV_IO, a second thread
  *                    waits on the queue too and leaves on a signal (EINTR):
  *                    the serving thread must still be woken
+ *   resize-silent    serves correctly and says it answers resizes
+ *                    (HYBD_DEV_F_RESIZE), but never does
+ *   resize-garbage   serves correctly; answers a resize with result 4242,
+ *                    then for the wrong request, then with 0 (the disk
+ *                    does not grow: requests beyond it fail); exits 1 if
+ *                    the kernel takes either bad answer
+ *   self-resize      serves correctly; after "ready", resizes its own
+ *                    device (HYBD_SRV_RESIZE) to half its size and back,
+ *                    printing "size BYTES" after each
  *
  * --io-timeout sets the device's I/O timeout (default: libhybd's, 30 s).
  *
@@ -58,6 +67,7 @@
 enum mode {
 	GOOD, UNKNOWN_TAG, DOUBLE_COMPLETE, STALE_SEQ, BAD_RESULT, GARBAGE_RING,
 	E_AGAIN, E_NOMEM, E_NOSPC, E_OPNOTSUPP, LATE, FORK_CHILD, TWO_WAITERS,
+	RESIZE_SILENT, RESIZE_GARBAGE, SELF_RESIZE,
 };
 
 static const char *const mode_names[] = {
@@ -74,6 +84,9 @@ static const char *const mode_names[] = {
 	[LATE] = "late",
 	[FORK_CHILD] = "fork-child",
 	[TWO_WAITERS] = "two-waiters",
+	[RESIZE_SILENT] = "resize-silent",
+	[RESIZE_GARBAGE] = "resize-garbage",
+	[SELF_RESIZE] = "self-resize",
 };
 
 static const int mode_errno[] = {
@@ -186,6 +199,9 @@ static void serve_one(uint32_t tag)
 	case GOOD:
 	case FORK_CHILD:
 	case TWO_WAITERS:
+	case RESIZE_SILENT:
+	case RESIZE_GARBAGE:
+	case SELF_RESIZE:
 		post(tag, res, d.seq);
 		break;
 	case E_AGAIN:
@@ -226,6 +242,41 @@ static void serve_one(uint32_t tag)
 	}
 }
 
+/* HYBD_SRV_RESIZE; 0 or -errno */
+static int srv_resize(uint32_t flags, uint64_t size, uint32_t gen,
+		      int32_t result)
+{
+	struct hybd_srv_resize r = {
+		.len = sizeof(r), .flags = flags, .size = size, .gen = gen,
+		.result = result,
+	};
+
+	return ioctl(srv.fd, HYBD_SRV_RESIZE, &r) < 0 ? -errno : 0;
+}
+
+/* RESIZE_GARBAGE: two bad answers the kernel must refuse, then a good one */
+static void answer_resize(void)
+{
+	static uint32_t answered;
+	uint32_t gen = __atomic_load_n(&srv.hdr->resize_gen, __ATOMIC_ACQUIRE);
+	int ret;
+
+	if (gen == answered)
+		return;
+	answered = gen;
+	ret = srv_resize(HYBD_SRV_RESIZE_F_ANSWER, 0, gen, 4242);
+	if (ret != -EINVAL)
+		die("a resize answer of 4242 was not refused with EINVAL",
+		    ret ? -ret : EPROTO);
+	ret = srv_resize(HYBD_SRV_RESIZE_F_ANSWER, 0, gen + 1, 0);
+	if (ret != -ESTALE)
+		die("an answer to the wrong resize was not refused with ESTALE",
+		    ret ? -ret : EPROTO);
+	ret = srv_resize(HYBD_SRV_RESIZE_F_ANSWER, 0, gen, 0);
+	if (ret)
+		die("the resize answer was refused", -ret);
+}
+
 /* The serving loop: commit and wait, then drain the submission ring. */
 static void *serve(void *arg)
 {
@@ -246,6 +297,10 @@ static void *serve(void *arg)
 			}
 			break;
 		}
+		if (srv.mode == RESIZE_GARBAGE &&
+		    (__atomic_load_n(&srv.hdr->flags, __ATOMIC_ACQUIRE) &
+		     HYBD_RING_RESIZE))
+			answer_resize();
 		tail = __atomic_load_n(&srv.hdr->sq_tail, __ATOMIC_ACQUIRE);
 		while (srv.sq_head != tail) {
 			uint32_t tag = srv.sq[srv.sq_head++ & (srv.entries - 1)];
@@ -276,6 +331,8 @@ static void setup(void)
 	cfg.physical_block_size = 4096;
 	cfg.ops = HYBD_OPF_READ | HYBD_OPF_WRITE;
 	cfg.flags = 0;
+	if (srv.mode == RESIZE_SILENT || srv.mode == RESIZE_GARBAGE)
+		cfg.flags |= HYBD_DEV_F_RESIZE;
 	if (srv.io_timeout != UINT32_MAX)
 		cfg.io_timeout = srv.io_timeout;
 	ret = hybd_ctl_add(&cfg, &srv.id);
@@ -459,6 +516,18 @@ int main(int argc, char **argv)
 	}
 	if (srv.mode == FORK_CHILD)
 		fork_child();
+	if (srv.mode == SELF_RESIZE) {
+		/* from this thread, not the serving one: a shrink drains */
+		ret = srv_resize(0, srv.size / 2, 0, 0);
+		if (ret)
+			die("HYBD_SRV_RESIZE to half", -ret);
+		printf("size %llu\n", (unsigned long long)srv.size / 2);
+		ret = srv_resize(0, srv.size, 0, 0);
+		if (ret)
+			die("HYBD_SRV_RESIZE back", -ret);
+		printf("size %llu\n", (unsigned long long)srv.size);
+		fflush(stdout);
+	}
 
 	sigwait(&sigs, &sig);
 	if (sig != SIGUSR1) {

@@ -514,3 +514,33 @@ int cmd_add(int argc, char **argv)
 	printf("%u\n", id);
 	return EXIT_SUCCESS;
 }
+
+int cmd_resize(int argc, char **argv)
+{
+	struct hybd_dev_info info;
+	uint64_t size;
+	uint32_t id;
+	char hs[32];
+	int json = 0, ret;
+
+	ret = parse_json_opt("resize", argc, argv, &json);
+	if (ret < 0 && json)
+		ret = usage_error("resize", "--json makes no sense here");
+	if (ret >= 0)
+		return ret;
+	if (argc - optind != 2)
+		return usage_error("resize", "%s", argc - optind < 2 ?
+				   "wants DEV and SIZE" : "too many arguments");
+	if (hybd_parse_dev(argv[optind], &id) < 0)
+		return usage_error("resize", "%s", hybd_errmsg());
+	if (hybd_parse_size(argv[optind + 1], &size) < 0)
+		return usage_error("resize", "SIZE: %s", hybd_errmsg());
+	ret = hybd_ctl_resize(id, size);
+	if (ret < 0)
+		return failed("resize", ret);
+	if (!hybd_ctl_info(id, &info))
+		size = info.params.basic.dev_size;
+	printf("/dev/hybd%u is %" PRIu64 " bytes (%s)\n", id, size,
+	       human_size(size, hs, sizeof(hs)));
+	return EXIT_SUCCESS;
+}

@@ -103,6 +103,7 @@ int cmd_info(int argc, char **argv);
 int cmd_features(int argc, char **argv);
 int cmd_add(int argc, char **argv);
 int cmd_del(int argc, char **argv);
+int cmd_resize(int argc, char **argv);
 int cmd_attach(int argc, char **argv);
 int cmd_detach(int argc, char **argv);
 int cmd_stats(int argc, char **argv);

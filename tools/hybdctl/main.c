@@ -108,6 +108,18 @@ static const char attach_more[] =
 "hybdctl exits.  A program the verifier refuses is reported with the end\n"
 "of its log.\n";
 
+static const char resize_opts[] =
+"  -h, --help    show this help\n";
+
+static const char resize_more[] =
+"SIZE is in bytes, with an optional suffix (K, M, G, T: powers of 1024),\n"
+"a multiple of the logical block size.  The device's server is asked first\n"
+"(its driver's resize hook) and may refuse; a device whose server cannot\n"
+"answer resizes says so.  A shrink waits for the requests in flight to end\n"
+"and is refused while a fast path is attached (detach it first).  The\n"
+"block layer sees the new size at once; a file system on the device is\n"
+"resized by its own tools (resize2fs, xfs_growfs).\n";
+
 static const char detach_opts[] =
 "  -h, --help    show this help\n";
 
@@ -294,6 +306,9 @@ static const struct command {
 	{ "attach", cmd_attach, "PROG.bpf.o DEV [--replace]",
 	  "load a BPF fast path and attach it to DEV", attach_opts,
 	  attach_more },
+	{ "resize", cmd_resize, "DEV SIZE",
+	  "grow or shrink a live device, asking its server", resize_opts,
+	  resize_more },
 	{ "detach", cmd_detach, "DEV", "detach DEV's fast path", detach_opts,
 	  detach_more },
 	{ "stats", cmd_stats,

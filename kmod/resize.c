@@ -1,0 +1,246 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * hybd - online resize: HYBD_CTL_RESIZE (the server is asked first) and
+ * HYBD_SRV_RESIZE (the server's own resize, or its answer).
+ *
+ * A grow needs nothing of the block layer but the new capacity: requests
+ * beyond the old end can only come after it.  A shrink must not leave a
+ * request beyond the new end in flight, nor let one in: the queue is
+ * frozen (drained, new requests held back) across the question to the
+ * server and the capacity change, so that when the server is asked it
+ * holds nothing it is about to let go of.  While it is frozen nothing
+ * here may wait for I/O to this device: memory is allocated without I/O.
+ */
+#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
+
+#include <linux/blk-mq.h>
+#include <linux/blkdev.h>
+#include <linux/sched/mm.h>
+#include <linux/wait.h>
+
+#include "hybd.h"
+
+/* How long a server may take to answer, and a shrink to drain. */
+static unsigned long hybd_resize_timeout(struct hybd_dev *dev)
+{
+	u32 secs = dev->params.basic.io_timeout;
+
+	return (secs ? secs : HYBD_RESIZE_TIMEOUT) * HZ;
+}
+
+/* The state a resize needs: live, and with a server (not waiting). */
+static bool hybd_resize_askable(struct hybd_dev *dev)
+{
+	return READ_ONCE(dev->state) == HYBD_STATE_LIVE;
+}
+
+/* Queue 0's HYBD_RING_RESIZE: set with the request, or cleared. */
+static void hybd_resize_flag(struct hybd_queue *q, u32 gen, u64 size)
+{
+	spin_lock(&q->lock);
+	if (gen) {
+		WRITE_ONCE(q->hdr->resize_size, size);
+		/* the server loads the flag, then gen with acquire */
+		smp_store_release(&q->hdr->resize_gen, gen);
+		WRITE_ONCE(q->hdr->flags, q->hdr->flags | HYBD_RING_RESIZE);
+	} else {
+		WRITE_ONCE(q->hdr->flags, q->hdr->flags & ~HYBD_RING_RESIZE);
+	}
+	spin_unlock(&q->lock);
+}
+
+/* Ask the server (through queue 0) and wait: its answer, or -errno. */
+static int hybd_resize_ask(struct hybd_dev *dev, u64 size)
+{
+	struct hybd_queue *q = &dev->queues[0];
+	long left;
+	int ret;
+	u32 gen;
+
+	spin_lock(&dev->state_lock);
+	gen = ++dev->resize_gen ?: ++dev->resize_gen;	/* never 0 */
+	dev->resize_asking = true;
+	dev->resize_answered = false;
+	spin_unlock(&dev->state_lock);
+
+	hybd_resize_flag(q, gen, size);
+	/*
+	 * As HYBD_SRV_KICK: the worker returns from HYBD_SRV_IO and looks.
+	 * The barrier orders kicked before the waiter's condition check in
+	 * wake_up_all().
+	 */
+	WRITE_ONCE(q->kicked, true);
+	smp_mb();
+	hybd_queue_wake(q);
+
+	left = wait_event_interruptible_timeout(dev->resize_wq,
+			READ_ONCE(dev->resize_answered) ||
+			!hybd_resize_askable(dev),
+			hybd_resize_timeout(dev));
+
+	spin_lock(&dev->state_lock);
+	dev->resize_asking = false;
+	if (dev->resize_answered)
+		ret = dev->resize_result;
+	else if (left < 0)
+		ret = -EINTR;
+	else if (!hybd_resize_askable(dev))
+		ret = -ENODEV;
+	else
+		ret = -ETIMEDOUT;
+	spin_unlock(&dev->state_lock);
+	hybd_resize_flag(q, 0, 0);
+	return ret;
+}
+
+/**
+ * hybd_dev_resize() - change the size of a live device
+ * @dev: the device; the caller holds a reference
+ * @size: the new size in bytes
+ * @ask: ask the server first (HYBD_CTL_RESIZE); false: the server asks
+ *
+ * Return: 0 or -errno (include/uapi/hybd.h, HYBD_CTL_RESIZE).
+ */
+int hybd_dev_resize(struct hybd_dev *dev, u64 size, bool ask)
+{
+	unsigned long timeout = hybd_resize_timeout(dev);
+	struct gendisk *disk = NULL;
+	unsigned int noio;
+	bool shrink;
+	u64 old;
+	int ret;
+
+	if (!size || size % dev->params.basic.logical_bs ||
+	    size > HYBD_MAX_DEV_SIZE)
+		return -EINVAL;
+	if (ask && !(dev->params.basic.flags & HYBD_DEV_F_RESIZE))
+		return -EOPNOTSUPP;
+	if (!mutex_trylock(&dev->resize_lock))
+		return -EBUSY;
+
+	spin_lock(&dev->state_lock);
+	switch (dev->state) {
+	case HYBD_STATE_LIVE:
+		disk = dev->disk;
+		ret = disk ? 0 : -EAGAIN;
+		break;
+	case HYBD_STATE_ADDED:
+	case HYBD_STATE_WAITING:
+		ret = -EAGAIN;
+		break;
+	default:
+		ret = -ENODEV;
+		break;
+	}
+	/* a delete may put the disk meanwhile: keep it until we are done */
+	if (!ret)
+		get_device(disk_to_dev(disk));
+	spin_unlock(&dev->state_lock);
+	if (ret)
+		goto out_unlock;
+
+	old = READ_ONCE(dev->params.basic.dev_size);
+	if (size == old)
+		goto out_put;
+	shrink = size < old;
+	if (shrink && rcu_access_pointer(dev->bpf_prog)) {
+		ret = -EBUSY;
+		goto out_put;
+	}
+
+	if (shrink) {
+		blk_freeze_queue_start(disk->queue);
+		noio = memalloc_noio_save();
+		if (!blk_mq_freeze_queue_wait_timeout(disk->queue, timeout)) {
+			ret = -EBUSY;
+			goto out_unfreeze;
+		}
+	}
+	if (ask)
+		ret = hybd_resize_ask(dev, size);
+	if (!ret) {
+		WRITE_ONCE(dev->params.basic.dev_size, size);
+		set_capacity_and_notify(disk, size >> SECTOR_SHIFT);
+		pr_info("hybd%u: resized from %llu to %llu bytes\n", dev->id,
+			old, size);
+	}
+out_unfreeze:
+	if (shrink) {
+		memalloc_noio_restore(noio);
+		blk_mq_unfreeze_queue(disk->queue);
+	}
+out_put:
+	put_device(disk_to_dev(disk));
+out_unlock:
+	mutex_unlock(&dev->resize_lock);
+	return ret;
+}
+
+/* The server's answer to request @gen. */
+static int hybd_resize_answer(struct hybd_dev *dev, u32 gen, s32 result)
+{
+	int ret = 0;
+
+	if (result > 0 || result < -MAX_ERRNO)
+		return -EINVAL;
+	spin_lock(&dev->state_lock);
+	if (!dev->resize_asking || dev->resize_answered ||
+	    gen != dev->resize_gen) {
+		ret = -ESTALE;
+	} else {
+		dev->resize_result = result;
+		WRITE_ONCE(dev->resize_answered, true);
+	}
+	spin_unlock(&dev->state_lock);
+	if (!ret)
+		wake_up_all(&dev->resize_wq);
+	return ret;
+}
+
+/* HYBD_SRV_RESIZE */
+long hybd_srv_resize(struct hybd_dev *dev, void __user *arg)
+{
+	struct hybd_srv_resize r;
+	int ret;
+
+	ret = hybd_copy_in(&r, sizeof(r), sizeof(r), arg);
+	if (ret)
+		return ret;
+	if (r.flags & ~HYBD_SRV_RESIZE_F_ALL)
+		return -EOPNOTSUPP;
+	if (r.reserved[0] || r.reserved[1])
+		return -EINVAL;
+	if (r.flags & HYBD_SRV_RESIZE_F_ANSWER)
+		return hybd_resize_answer(dev, r.gen, r.result);
+	if (r.gen || r.result)
+		return -EINVAL;
+	return hybd_dev_resize(dev, r.size, false);
+}
+
+/* HYBD_CTL_RESIZE */
+long hybd_ctl_resize(void __user *arg)
+{
+	struct hybd_ctl_resize r;
+	struct hybd_dev *dev;
+	int ret;
+
+	ret = hybd_copy_in(&r, sizeof(r), sizeof(r), arg);
+	if (ret)
+		return ret;
+	if (r.flags)
+		return -EOPNOTSUPP;
+	if (r.reserved0 || r.reserved[0] || r.reserved[1])
+		return -EINVAL;
+	dev = hybd_dev_get(r.dev_id);
+	if (!dev)
+		return -ENODEV;
+	ret = hybd_dev_resize(dev, r.size, true);
+	hybd_dev_put(dev);
+	return ret;
+}
+
+/* The device left LIVE (dead, waiting, deleting): a resize stops asking. */
+void hybd_resize_wake(struct hybd_dev *dev)
+{
+	wake_up_all(&dev->resize_wq);
+}
