@@ -10,7 +10,13 @@ the program gets a clear error and exits, no device is left behind, a
 device whose call survived the failure works, and the kernel log stays
 clean (the run's kernel-log check; kmemleak finds no leak in
 test_zz_module).  The walk ends when the call makes fewer allocations than
-the one to fail.
+the one to fail.  HYBD_SRV_START (add_disk: hundreds of allocations, some
+seconds each in the debug kernel) is walked in steps of 5; `make
+test-long` (HYBD_LONG=1) fails every one.
+
+An injected failure is not silent: the allocator may log "page allocation
+failure" or "vmalloc error" with a stack ("Call Trace:"), which these tests
+expect; a WARNING, BUG or KASAN report still fails them.
 
 Fault injection is in the debug kernel only (CONFIG_FAULT_INJECTION,
 FAILSLAB, FAIL_PAGE_ALLOC: tools/debug-kernel.config): `make test-debug`
@@ -23,17 +29,24 @@ from pathlib import Path
 import pytest
 
 import hybd_uapi as uapi
-from hybdlib import (HYBDCTL, LOOP, RAMDISK, REPO, device_ids, direct_read,
-                     direct_write, need_built, pattern, reap, run, wait_for)
+from hybdlib import (HYBDCTL, LONG, LOOP, RAMDISK, REPO, device_ids,
+                     direct_read, direct_write, need_built, pattern, reap,
+                     run, wait_for)
 
 FAILNTH = REPO / "tests" / "helpers" / "failnth.so"
 DEBUGFS = Path("/sys/kernel/debug")
 # the allocators' knobs: by default both skip allocations that may sleep
-# (nearly all of the module's) and the page allocator skips order 0
+# (nearly all of the module's) and the page allocator skips order 0; and
+# each injected failure would log its stack
 KNOBS = {"failslab/ignore-gfp-wait": "N",
+         "failslab/verbose": "0",
          "fail_page_alloc/ignore-gfp-wait": "N",
          "fail_page_alloc/ignore-gfp-highmem": "N",
-         "fail_page_alloc/min-order": "0"}
+         "fail_page_alloc/min-order": "0",
+         "fail_page_alloc/verbose": "0"}
+# what a failed allocation may log (warn_alloc) besides the failure itself
+ALLOC_FAILURE_LOG = r"Call Trace:"
+pytestmark = pytest.mark.kmsg_allow(ALLOC_FAILURE_LOG)
 # no call of the bring-up makes nearly this many allocations
 MAX_NTH = 3000
 SRV_START = 0xB741
@@ -112,26 +125,29 @@ def stop_server(proc, dev):
     wait_for(lambda: not os.path.exists(dev), 10, f"{dev} to go")
 
 
-def walk(tmp_path, request, attempt):
-    """attempt(env) for nth = 1, 2, ... until the call reaches no nth
-    point; returns (points failed, of which the call still succeeded)."""
+def walk(tmp_path, request, attempt, step=1):
+    """attempt(env) for nth = 1, 1 + step, ... until the call reaches no
+    nth point; returns (points failed, of which the call still
+    succeeded)."""
     before = sorted(device_ids())
     survived = 0
-    for nth in range(1, MAX_NTH + 1):
+    for nth in range(1, MAX_NTH + 1, step):
         env, report = armed_env(tmp_path, request, nth)
         ok = attempt(env)
         assert sorted(device_ids()) == before, \
             f"nth={nth}: the devices changed: {before} -> {device_ids()}"
         if outcome(report) == "not-reached":
             assert ok, f"nth={nth}: failed with no failure injected"
-            return nth - 1, survived
+            return (nth - 1) // step, survived
         survived += ok
     pytest.fail(f"more than {MAX_NTH} allocations in one call")
 
 
 def test_add_unwinds_every_failed_allocation(injection, tmp_path):
     def attempt(env):
-        res = run([HYBDCTL, "add", "--size", "16M", "--queues", "2"], env=env)
+        # small rings: each of their pages is an allocation to fail
+        res = run([HYBDCTL, "add", "--size", "16M", "--queues", "2",
+                   "--depth", "2", "--max-io", "4k"], env=env)
         if res.returncode == 0:
             dev_id = int(res.stdout)
             assert run([HYBDCTL, "del", str(dev_id)]).returncode == 0
@@ -161,8 +177,10 @@ def server_attempt(cmd):
 
 def test_start_unwinds_every_failed_allocation(injection, tmp_path):
     """HYBD_SRV_START adds the disk: the block layer's allocations too."""
-    cmd = [RAMDISK, "--size", "16M", "--queues", "2", "--depth", "4"]
-    points, survived = walk(tmp_path, SRV_START, server_attempt(cmd))
+    cmd = [RAMDISK, "--size", "16M", "--queues", "2", "--depth", "2",
+           "--max-io", "4k"]
+    points, survived = walk(tmp_path, SRV_START, server_attempt(cmd),
+                            step=1 if LONG else 5)
     print(f"HYBD_SRV_START: {points} allocations failed one by one, "
           f"{survived} survived")
     assert points > 0
@@ -172,7 +190,7 @@ def test_add_backing_unwinds_every_failed_allocation(injection, tmp_path):
     target = tmp_path / "target"
     with open(target, "wb") as f:
         f.truncate(16 << 20)
-    cmd = [LOOP, "--remap", "--depth", "4", target]
+    cmd = [LOOP, "--remap", "--depth", "2", "--max-io", "4k", target]
     points, survived = walk(tmp_path, uapi.SRV_ADD_BACKING,
                             server_attempt(cmd))
     print(f"HYBD_SRV_ADD_BACKING: {points} allocations failed one by one, "
