@@ -426,7 +426,7 @@ static void hybd_backing_settle(struct hybd_dev *dev,
 long hybd_backing_add(struct hybd_dev *dev, void __user *arg)
 {
 	struct hybd_srv_backing b;
-	struct hybd_backing *t;
+	struct hybd_backing *t = NULL;
 	struct file *file;
 	unsigned int i;
 	int ret;
@@ -441,6 +441,10 @@ long hybd_backing_add(struct hybd_dev *dev, void __user *arg)
 	file = fget(b.fd);
 	if (!file)
 		return -EBADF;
+	ret = hybd_owner_may_use_file(dev, file,
+				      b.flags & HYBD_BACKING_F_WRITE);
+	if (ret)
+		goto out;
 	t = kzalloc(sizeof(*t), GFP_KERNEL);
 	if (!t) {
 		ret = -ENOMEM;

@@ -67,7 +67,7 @@ static long hybd_ctl_features(void __user *arg)
 	f.features = HYBD_F_RINGS | HYBD_F_POLL | HYBD_F_SEQ_CHECK |
 		     HYBD_F_IO_TIMEOUT | HYBD_F_DEL_FORCE | HYBD_F_EVENTFD |
 		     HYBD_F_QUEUE_CPUS | HYBD_F_MEM_INFO | HYBD_F_RECOVERY |
-		     HYBD_F_BACKING | HYBD_F_RESIZE;
+		     HYBD_F_BACKING | HYBD_F_RESIZE | HYBD_F_UNPRIVILEGED;
 	if (hybd_bpf_ready)
 		f.features |= HYBD_F_BPF | HYBD_F_PASS_ZEROES | HYBD_F_REMAP;
 	return hybd_copy_out(arg, &f, sizeof(f));
@@ -98,8 +98,12 @@ static long hybd_ctl_add(struct hybd_ctl_add __user *arg)
 	ret = hybd_params_check(&add.params, &err);
 	if (ret)
 		goto out;
+	ret = hybd_owner_add_begin(&add.params);
+	if (ret)
+		goto out;
 
 	dev = hybd_dev_create(&add.params, add.dev_id);
+	hybd_owner_add_end(&add.params);
 	if (IS_ERR(dev)) {
 		ret = PTR_ERR(dev);
 		if (ret == -EEXIST || ret == -ENOSPC)
@@ -142,7 +146,14 @@ static int hybd_ctl_dev_get(void __user *arg, u32 flags_ok,
 	if (cmd->reserved0)
 		return -EINVAL;
 	*devp = hybd_dev_get(cmd->dev_id);
-	return *devp ? 0 : -ENODEV;
+	if (!*devp)
+		return -ENODEV;
+	/* delete and hand over: the owner's or an administrator's */
+	if (!hybd_owner_may_manage(*devp)) {
+		hybd_dev_put(*devp);
+		return -EPERM;
+	}
+	return 0;
 }
 
 static long hybd_ctl_del(void __user *arg)
@@ -280,9 +291,12 @@ static long hybd_ctl_ioctl(struct file *file, unsigned int cmd,
 {
 	void __user *uarg = (void __user *)arg;
 
-	if (!capable(CAP_SYS_ADMIN))
-		return -EPERM;
-
+	/*
+	 * Whoever may open the node (root only, unless the administrator
+	 * gives a group access) may look; adding checks the caller's
+	 * privilege and limits, and the commands on a device its owner
+	 * (owner.c).
+	 */
 	switch (cmd) {
 	case HYBD_CTL_GET_FEATURES:
 		return hybd_ctl_features(uarg);

@@ -89,9 +89,21 @@ static int hybd_dev_init_tag_set(struct hybd_dev *dev)
 	return blk_mq_alloc_tag_set(set);
 }
 
+/* devtmpfs makes an unprivileged device's server node its owner's */
+static const struct device_type hybd_srv_type = {
+	.name		= "hybd_srv",
+	.devnode	= hybd_srv_devnode,
+};
+
+static void hybd_srv_dev_release(struct device *d)
+{
+	kfree(d);
+}
+
 static int hybd_dev_add_srv_node(struct hybd_dev *dev)
 {
 	dev_t devt = MKDEV(MAJOR(hybd_srv_devt), dev->id);
+	struct device *d;
 	int ret;
 
 	/*
@@ -109,16 +121,32 @@ static int hybd_dev_add_srv_node(struct hybd_dev *dev)
 		dev->cdev = NULL;
 		return ret;
 	}
-	dev->srv_dev = device_create(hybd_class, NULL, devt, NULL,
-				     HYBD_SRV_NAME_FMT, dev->id);
-	if (IS_ERR(dev->srv_dev)) {
-		ret = PTR_ERR(dev->srv_dev);
-		dev->srv_dev = NULL;
-		cdev_del(dev->cdev);
-		dev->cdev = NULL;
-		return ret;
+	/* device_create(), with a type: its devnode names the owner */
+	d = kzalloc(sizeof(*d), GFP_KERNEL);
+	if (!d) {
+		ret = -ENOMEM;
+		goto out_cdev;
 	}
+	device_initialize(d);
+	d->devt = devt;
+	d->class = hybd_class;
+	d->type = &hybd_srv_type;
+	d->release = hybd_srv_dev_release;
+	dev_set_drvdata(d, dev);
+	ret = dev_set_name(d, HYBD_SRV_NAME_FMT, dev->id);
+	if (!ret)
+		ret = device_add(d);
+	if (ret) {
+		put_device(d);
+		goto out_cdev;
+	}
+	dev->srv_dev = d;
 	return 0;
+
+out_cdev:
+	cdev_del(dev->cdev);
+	dev->cdev = NULL;
+	return ret;
 }
 
 static void hybd_dev_del_srv_node(struct hybd_dev *dev)
@@ -176,6 +204,7 @@ struct hybd_dev *hybd_dev_create(const struct hybd_params *p, u32 id)
 	mutex_init(&dev->resize_lock);
 	init_waitqueue_head(&dev->resize_wq);
 	dev->params = *p;
+	hybd_owner_init(dev);
 	dev->state = HYBD_STATE_ADDED;
 	dev->ring_entries = roundup_pow_of_two(p->basic.queue_depth);
 
@@ -314,8 +343,11 @@ static void hybd_dev_start_work(struct work_struct *work)
 	set_capacity(disk, dev->params.basic.dev_size >> SECTOR_SHIFT);
 	if (!(dev->params.basic.ops & HYBD_OPF_WRITE))
 		set_disk_ro(disk, true);
+	/* a user's content: no partition table parsed from it */
+	if (dev->unpriv)
+		disk->flags |= GENHD_FL_NO_PART;
 
-	ret = add_disk(disk);
+	ret = device_add_disk(NULL, disk, hybd_disk_groups);
 	if (ret) {
 		put_disk(disk);
 		goto out;

@@ -226,6 +226,10 @@ struct hybd_dev {
 	struct kref		ref;
 	u32			id;
 	struct hybd_params	params;
+	/* HYBD_DEV_F_UNPRIVILEGED: whose it is (owner.c), set at creation */
+	bool			unpriv;
+	kuid_t			owner_uid;
+	kgid_t			owner_gid;
 	u32			ring_entries;
 	u64			queue_stride;
 
@@ -334,6 +338,7 @@ int hybd_dev_reserve_id(struct hybd_dev *dev, u32 id);
 void hybd_dev_publish(struct hybd_dev *dev);
 void hybd_dev_remove_id(struct hybd_dev *dev);
 int hybd_dev_list(u32 *ids, u32 room);
+void hybd_dev_user_usage(kuid_t uid, u32 *devices, u64 *mem);
 
 /* ctl.c */
 int hybd_copy_in(void *dst, size_t size, size_t min, const void __user *src);
@@ -402,6 +407,19 @@ int hybd_backing_reap(struct hybd_dev *dev, bool sync);
 
 /* remap.c */
 long hybd_remap_barrier(struct hybd_dev *dev);
+
+/* owner.c */
+extern const struct attribute_group *hybd_disk_groups[];
+u64 hybd_owner_charge(const struct hybd_params *p);
+int hybd_owner_add_begin(const struct hybd_params *p);
+void hybd_owner_add_end(const struct hybd_params *p);
+void hybd_owner_init(struct hybd_dev *dev);
+bool hybd_owner_may_manage(struct hybd_dev *dev);
+int hybd_owner_may_use_file(struct hybd_dev *dev, struct file *file,
+			    bool write);
+void hybd_owner_fill_info(struct hybd_dev *dev, struct hybd_dev_info *info);
+char *hybd_srv_devnode(const struct device *d, umode_t *mode, kuid_t *uid,
+		       kgid_t *gid);
 
 /* resize.c */
 int hybd_dev_resize(struct hybd_dev *dev, u64 size, bool ask);

@@ -89,6 +89,7 @@ void hybd_dev_fill_info(struct hybd_dev *dev, struct hybd_dev_info *info)
 	info->mem_bytes = (u64)dev->params.basic.nr_hw_queues *
 			  dev->queues[0].area_size;	/* the shared areas */
 	info->len = sizeof(*info);
+	hybd_owner_fill_info(dev, info);
 	hybd_bpf_fill_info(dev, info);
 	hybd_dev_sum_stats(dev, &info->stats);
 }

@@ -234,7 +234,9 @@ long hybd_ctl_resize(void __user *arg)
 	dev = hybd_dev_get(r.dev_id);
 	if (!dev)
 		return -ENODEV;
-	ret = hybd_dev_resize(dev, r.size, true);
+	ret = -EPERM;
+	if (hybd_owner_may_manage(dev))
+		ret = hybd_dev_resize(dev, r.size, true);
 	hybd_dev_put(dev);
 	return ret;
 }

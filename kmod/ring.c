@@ -588,7 +588,7 @@ static int hybd_srv_open(struct inode *inode, struct file *file)
 
 	if (!dev)
 		return -ENODEV;
-	if (!capable(CAP_SYS_ADMIN)) {
+	if (!hybd_owner_may_manage(dev)) {
 		ret = -EPERM;
 		goto out_put;
 	}

@@ -3,11 +3,15 @@
  * The control node /dev/hybd-control: add, delete, list and query devices.
  */
 #include <errno.h>
-#include <inttypes.h>
 #include <fcntl.h>
+#include <inttypes.h>
+#include <stdbool.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
+
+#include <linux/capability.h>
 
 #include "hybd_internal.h"
 
@@ -388,7 +392,25 @@ int hybd_ctl_add(const struct hybd_config *cfg, uint32_t *id_out)
 	return hybd__ctl_add_params(&p, cfg->dev_id, id_out);
 }
 
-/* HYBD_CTL_ADD with parameters already made from a config (dev_id -1: any) */
+/* Does the caller have CAP_SYS_ADMIN in its effective set? */
+static bool sys_admin(void)
+{
+	struct __user_cap_header_struct hdr = {
+		.version = _LINUX_CAPABILITY_VERSION_3,
+	};
+	struct __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3];
+
+	if (syscall(SYS_capget, &hdr, data))
+		return geteuid() == 0;
+	return data[CAP_TO_INDEX(CAP_SYS_ADMIN)].effective &
+	       CAP_TO_MASK(CAP_SYS_ADMIN);
+}
+
+/*
+ * HYBD_CTL_ADD with parameters already made from a config (dev_id -1:
+ * any).  A caller without CAP_SYS_ADMIN adds an unprivileged device, its
+ * own (HYBD_DEV_F_UNPRIVILEGED).
+ */
 int hybd__ctl_add_params(const struct hybd_params *p, int32_t dev_id,
 			 uint32_t *id_out)
 {
@@ -398,6 +420,8 @@ int hybd__ctl_add_params(const struct hybd_params *p, int32_t dev_id,
 
 	memset(&add, 0, sizeof(add));
 	add.params = *p;
+	if (!sys_admin())
+		add.params.basic.flags |= HYBD_DEV_F_UNPRIVILEGED;
 	add.len = sizeof(add);
 	add.dev_id = dev_id < 0 ? HYBD_DEV_ID_ANY : (uint32_t)dev_id;
 

@@ -23,4 +23,7 @@ HYBD_INCDIR ?= $(INCLUDEDIR)/hybd
 BPFDIR ?= $(DATADIR)/hybd/bpf
 BASHCOMPDIR ?= $(DATADIR)/bash-completion/completions
 
+# udev reads no rule under /usr/local: a local install puts its rule in
+# /etc; a package sets UDEVRULESDIR=/usr/lib/udev/rules.d
+UDEVRULESDIR ?= /etc/udev/rules.d
 INSTALL ?= install

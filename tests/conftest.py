@@ -166,8 +166,8 @@ class _Servers:
     def __init__(self):
         self.servers = []
 
-    def start(self, cmd):
-        srv = Server(cmd)
+    def start(self, cmd, **kw):
+        srv = Server(cmd, **kw)
         self.servers.append(srv)
         return srv
 

@@ -29,9 +29,11 @@ F_RINGS, F_POLL, F_SEQ_CHECK, F_BPF = 1, 2, 4, 8
 F_IO_TIMEOUT, F_DEL_FORCE = 16, 32
 F_EVENTFD, F_QUEUE_CPUS, F_MEM_INFO, F_PASS_ZEROES = 64, 128, 256, 512
 F_RECOVERY, F_BACKING, F_REMAP, F_RESIZE = 1024, 2048, 4096, 8192
+F_UNPRIVILEGED = 16384
 F_KNOWN = (F_RINGS | F_POLL | F_SEQ_CHECK | F_BPF | F_IO_TIMEOUT |
            F_DEL_FORCE | F_EVENTFD | F_QUEUE_CPUS | F_MEM_INFO |
-           F_PASS_ZEROES | F_RECOVERY | F_BACKING | F_REMAP | F_RESIZE)
+           F_PASS_ZEROES | F_RECOVERY | F_BACKING | F_REMAP | F_RESIZE |
+           F_UNPRIVILEGED)
 MAX_BACKINGS = 16
 BACKING_F_WRITE = 1
 SRV_BACKING_FMT = "<IiIIQII2Q"      # struct hybd_srv_backing, 48
@@ -47,6 +49,8 @@ OPF_DISCARD, OPF_WRITE_ZEROES = 16, 32
 OPF_ALL = 0x3F
 DEV_F_WRITE_CACHE = 1
 DEV_F_ZERO_WRITES = 2
+DEV_F_RESIZE = 4
+DEV_F_UNPRIVILEGED = 8
 PARAM_BASIC, PARAM_DISCARD = 1, 2
 
 # enum hybd_param_err
@@ -66,7 +70,7 @@ ADD_HDR_FMT = "<IIII2Q"             # struct hybd_ctl_add up to params, 32
 CTL_DEV_FMT = "<IIII"               # struct hybd_ctl_dev, 16
 FEATURES_FMT = "<IIQ2Q"             # struct hybd_ctl_features, 32
 LIST_FMT = "<IIQ"                   # struct hybd_ctl_list, 16
-INFO_HDR_FMT = "<IIIiIIII16sQIIQQ"  # struct hybd_dev_info up to params, 80
+INFO_HDR_FMT = "<IIIiIIII16sQIIQII"  # struct hybd_dev_info up to params, 80
 NR_STATS = 32                       # struct hybd_dev_stats: 32 __u64
 LAT_BUCKETS = 32
 STATS_HDR_FMT = "<IIIIQ2Q"          # struct hybd_ctl_stats up to total, 40

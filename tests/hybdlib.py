@@ -417,11 +417,12 @@ class Server:
     full pipe.
     """
 
-    def __init__(self, cmd, ready_timeout=T_READY):
+    def __init__(self, cmd, ready_timeout=T_READY, pass_fds=()):
         self.cmd = [str(c) for c in cmd]
         self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
+                                     stderr=subprocess.PIPE, text=True,
+                                     pass_fds=pass_fds)
         self.out, self.err = [], []
         self._ready = threading.Event()
         self.dev = None

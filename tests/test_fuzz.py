@@ -6,6 +6,7 @@ device works afterwards.  The seed is printed; HYBD_FUZZ_SEED=N replays
 it.  10,000 calls per run, 100,000 in `make test-long`."""
 
 import os
+import stat
 import subprocess
 import sys
 import threading
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hybdlib import (LONG, T_CMD, T_STOP, device_ids, fio_verify, hybdctl,
+from hybdlib import (CONTROL, LONG, T_CMD, T_STOP, device_ids, fio_verify, hybdctl,
                      info, need_tool, reap, record, stack_of, state_of,
                      wait_for)
 
@@ -51,13 +52,33 @@ def read_line(proc, prefix, timeout):
     return box["line"], box.get("other", [])
 
 
+@pytest.fixture
+def fuzzer(request):
+    """How fuzz.py runs: as root, or as a user without any capability
+    whom the control node lets in (an unprivileged device)."""
+    if request.param == "root":
+        yield [sys.executable, FUZZ], None
+        return
+    need_tool("setpriv")
+    mode = os.stat(CONTROL).st_mode
+    os.chmod(CONTROL, 0o666)
+    try:
+        yield (["setpriv", "--reuid=4242", "--regid=4242", "--clear-groups",
+                "--inh-caps=-all", sys.executable, FUZZ],
+               dict(os.environ, HYBD_FUZZ_UNPRIV="1"))
+    finally:
+        os.chmod(CONTROL, stat.S_IMODE(mode))
+
+
 @pytest.mark.time_limit(2400 if LONG else 900)
 @pytest.mark.kmsg_allow(IO_ERRORS)
-def test_fuzz_nodes_under_io(ramdisk):
+@pytest.mark.parametrize("fuzzer", ["root", "unprivileged"], indirect=True)
+def test_fuzz_nodes_under_io(ramdisk, fuzzer):
     seed = int(os.environ.get("HYBD_FUZZ_SEED", time.time_ns() % 2**32))
     print(f"fuzz seed {seed} (HYBD_FUZZ_SEED={seed} replays it)")
     fio_exe = need_tool("fio")
-    proc = subprocess.Popen([sys.executable, FUZZ, str(seed), str(CALLS)],
+    cmd, env = fuzzer
+    proc = subprocess.Popen([*cmd, str(seed), str(CALLS)], env=env,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     load = None

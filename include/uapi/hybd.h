@@ -109,6 +109,8 @@
 #define HYBD_F_REMAP		(1ULL << 12)
 /* HYBD_CTL_RESIZE, HYBD_SRV_RESIZE, HYBD_DEV_F_RESIZE, HYBD_RING_RESIZE */
 #define HYBD_F_RESIZE		(1ULL << 13)
+/* HYBD_DEV_F_UNPRIVILEGED: devices of users without CAP_SYS_ADMIN */
+#define HYBD_F_UNPRIVILEGED	(1ULL << 14)
 
 /*
  * Supported operations (hybd_param_basic.ops).  READ is mandatory; a
@@ -140,7 +142,26 @@
  * the server itself resizes its device (HYBD_SRV_RESIZE).
  */
 #define HYBD_DEV_F_RESIZE	(1U << 2)
-#define HYBD_DEV_F_ALL		0x7U
+/*
+ * An unprivileged device (HYBD_F_UNPRIVILEGED), owned by the user who adds
+ * it; mandatory for a caller without CAP_SYS_ADMIN, allowed for one with
+ * it.  Whoever may open /dev/hybd-control (root only, unless the
+ * administrator gives a group access to it) may add one.  Only its owner
+ * (the caller's effective uid when it was added) or CAP_SYS_ADMIN may
+ * delete it, hand it over, resize it, or open its server node (made with
+ * the owner's uid and gid, mode 0600).  Its block device's node is the
+ * administrator's to give: /sys/block/hybdN/hybd/owner_uid and owner_gid
+ * name the owner for a udev rule.  The kernel does not scan it for
+ * partitions (its content is the user's), and a backing target its server
+ * registers must be a file or device the server may itself read (and
+ * write, HYBD_BACKING_F_WRITE).  Limits per user: the module parameters
+ * max_user_devices and max_user_mem_mb (the rings' memory, mem_bytes);
+ * an add beyond them fails with -EDQUOT.  Attaching a fast path needs
+ * the BPF capabilities, as always: an administrator attaches one to a
+ * user's device.
+ */
+#define HYBD_DEV_F_UNPRIVILEGED	(1U << 3)
+#define HYBD_DEV_F_ALL		0xfU
 
 /* Parameter block types (hybd_params.types). */
 #define HYBD_PARAM_BASIC	(1U << 0)	/* mandatory */
@@ -334,7 +355,13 @@ struct hybd_dev_info {
 	__u32	recoveries;
 	/* out, HYBD_F_RECOVERY: ns spent WAITING since creation, in total */
 	__u64	no_server_ns;
-	__u64	reserved[1];
+	/*
+	 * out, HYBD_F_UNPRIVILEGED: the owner of an unprivileged device, as
+	 * the caller's user namespace sees it; (__u32)-1 for a device of
+	 * the administrator's
+	 */
+	__u32	owner_uid;
+	__u32	owner_gid;
 	struct hybd_params	params;	/* out */
 	struct hybd_dev_stats	stats;	/* out */
 };

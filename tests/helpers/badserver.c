@@ -38,6 +38,10 @@
  *   self-resize      serves correctly; after "ready", resizes its own
  *                    device (HYBD_SRV_RESIZE) to half its size and back,
  *                    printing "size BYTES" after each
+ *   backing-fd3      serves correctly; after "ready", registers the file
+ *                    open at descriptor 3 (inherited) as a writable
+ *                    backing target and prints "backing 0" or "backing
+ *                    ERRNO" (the kernel's errno, a number)
  *
  * --io-timeout sets the device's I/O timeout (default: libhybd's, 30 s).
  *
@@ -67,7 +71,7 @@
 enum mode {
 	GOOD, UNKNOWN_TAG, DOUBLE_COMPLETE, STALE_SEQ, BAD_RESULT, GARBAGE_RING,
 	E_AGAIN, E_NOMEM, E_NOSPC, E_OPNOTSUPP, LATE, FORK_CHILD, TWO_WAITERS,
-	RESIZE_SILENT, RESIZE_GARBAGE, SELF_RESIZE,
+	RESIZE_SILENT, RESIZE_GARBAGE, SELF_RESIZE, BACKING_FD3,
 };
 
 static const char *const mode_names[] = {
@@ -87,6 +91,7 @@ static const char *const mode_names[] = {
 	[RESIZE_SILENT] = "resize-silent",
 	[RESIZE_GARBAGE] = "resize-garbage",
 	[SELF_RESIZE] = "self-resize",
+	[BACKING_FD3] = "backing-fd3",
 };
 
 static const int mode_errno[] = {
@@ -202,6 +207,7 @@ static void serve_one(uint32_t tag)
 	case RESIZE_SILENT:
 	case RESIZE_GARBAGE:
 	case SELF_RESIZE:
+	case BACKING_FD3:
 		post(tag, res, d.seq);
 		break;
 	case E_AGAIN:
@@ -516,6 +522,15 @@ int main(int argc, char **argv)
 	}
 	if (srv.mode == FORK_CHILD)
 		fork_child();
+	if (srv.mode == BACKING_FD3) {
+		struct hybd_srv_backing b = {
+			.len = sizeof(b), .fd = 3, .flags = HYBD_BACKING_F_WRITE,
+		};
+
+		ret = ioctl(srv.fd, HYBD_SRV_ADD_BACKING, &b) < 0 ? errno : 0;
+		printf("backing %d\n", ret);
+		fflush(stdout);
+	}
 	if (srv.mode == SELF_RESIZE) {
 		/* from this thread, not the serving one: a shrink drains */
 		ret = srv_resize(0, srv.size / 2, 0, 0);

@@ -53,7 +53,14 @@ CTL_CMDS = list(u.IOCTLS.values())
 ALLOWED = {0, errno.EINVAL, errno.EFAULT, errno.ENOTTY, errno.EOPNOTSUPP,
            errno.E2BIG, errno.ENODEV, errno.EBUSY, errno.EALREADY,
            errno.ERANGE, errno.ENOSPC, errno.EBADF, errno.EEXIST,
-           errno.ENOMEM, errno.EINTR, errno.ENOENT, errno.EACCES}
+           errno.ENOMEM, errno.EINTR, errno.ENOENT, errno.EACCES,
+           # resizes (not live, no answer, a stale answer), and what an
+           # unprivileged user meets (another's device, the limits)
+           errno.EAGAIN, errno.ETIMEDOUT, errno.ESTALE, errno.EPERM,
+           errno.EDQUOT}
+# HYBD_FUZZ_UNPRIV=1: the fuzzing user has no capability, and its device
+# is an unprivileged one
+UNPRIV = os.environ.get("HYBD_FUZZ_UNPRIV") == "1"
 SLOW_CALL = 30.0        # seconds; START may scan partitions
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -157,7 +164,8 @@ class Fuzz:
         b = u.basic(size=rng.choice([16, 32]) << 20, queues=2,
                     depth=rng.choice([8, 16, 32]), io_timeout=2,
                     ops=u.OPF_READ | u.OPF_WRITE,
-                    recovery=rng.choice([0, 0, 3]))
+                    recovery=rng.choice([0, 0, 3]),
+                    flags=u.DEV_F_UNPRIVILEGED if UNPRIV else 0)
         with u.Control() as ctl:
             e, dev_id, perr = u.add(ctl, b=b)
         if e:

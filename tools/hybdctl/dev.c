@@ -151,6 +151,11 @@ static void info_json(uint32_t id, const struct hybd_dev_info *info)
 	       "\"max_write_zeroes_bytes\":%u,", d->max_discard_bytes,
 	       d->discard_granularity, d->max_write_zeroes_bytes);
 	printf("\"mem_bytes\":%" PRIu64 ",", (uint64_t)info->mem_bytes);
+	if (info->owner_uid != UINT32_MAX)
+		printf("\"owner_uid\":%u,\"owner_gid\":%u,", info->owner_uid,
+		       info->owner_gid);
+	else
+		printf("\"owner_uid\":null,\"owner_gid\":null,");
 	bpf_json(info);
 	printf("\"bpf_attaches\":%u,\"stats\":{", info->bpf_attaches);
 	counters_json(&info->stats);
@@ -221,6 +226,9 @@ static void info_text(uint32_t id, const struct hybd_dev_info *info)
 	printf("%-24s %" PRIu64 " (%s)\n", "mem_bytes",
 	       (uint64_t)info->mem_bytes,
 	       human_size(info->mem_bytes, hs, sizeof(hs)));
+	if (info->owner_uid != UINT32_MAX)
+		printf("%-24s uid %u, gid %u (unprivileged)\n", "owner",
+		       info->owner_uid, info->owner_gid);
 	if (has_bpf(info))
 		printf("%-24s %.*s (link %u)\n", "bpf",
 		       (int)sizeof(info->bpf_name), info->bpf_name,
