@@ -155,13 +155,16 @@ const struct attribute_group *hybd_disk_groups[] = {
 	NULL,
 };
 
-/* The server node's owner in devtmpfs: an unprivileged device's owner. */
+/*
+ * The server node's owner in devtmpfs: an unprivileged device's owner.
+ * Asked again for the name alone (@uid and @gid NULL) when the node goes.
+ */
 char *hybd_srv_devnode(const struct device *d, umode_t *mode, kuid_t *uid,
 		       kgid_t *gid)
 {
 	struct hybd_dev *dev = dev_get_drvdata(d);
 
-	if (dev && dev->unpriv) {
+	if (dev && dev->unpriv && uid && gid) {
 		*uid = dev->owner_uid;
 		*gid = dev->owner_gid;
 	}
