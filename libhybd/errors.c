@@ -119,7 +119,7 @@ static int generic_errmsg(char *buf, size_t size, int err)
 	case -EPERM:
 	case -EACCES:
 		return snprintf(buf, size,
-				"permission denied (without CAP_SYS_ADMIN, only an unprivileged device, HYBD_DEV_F_UNPRIVILEGED, on a module that offers them)");
+				"permission denied (a user without CAP_SYS_ADMIN may add only an unprivileged device, HYBD_DEV_F_UNPRIVILEGED)");
 	case -EDQUOT:
 		return snprintf(buf, size,
 				"this user has as many unprivileged devices, or as much ring memory, as the module allows (its parameters max_user_devices and max_user_mem_mb)");

@@ -277,7 +277,7 @@ static void test_param_messages(void)
 	good_params(&p);
 	p.basic.flags = 0x81;
 	msg_is(&p, -1, HYBD_PERR_FLAGS, -EOPNOTSUPP,
-	       "device flags 0x81: unknown bits 0x80 (known: 0x3)");
+	       "device flags 0x81: unknown bits 0x80 (known: 0xf)");
 	p.basic.flags = HYBD_DEV_F_ZERO_WRITES;
 	p.basic.ops = HYBD_OPF_READ | HYBD_OPF_WRITE;
 	msg_is(&p, -1, HYBD_PERR_FLAGS, -EINVAL,
@@ -332,7 +332,7 @@ static void test_param_messages(void)
 	msg_is(&p, -1, HYBD_PERR_NONE, -ENOMEM,
 	       "the kernel is out of memory for the device");
 	msg_is(&p, -1, HYBD_PERR_NONE, -EPERM,
-	       "permission denied (adding a device needs CAP_SYS_ADMIN)");
+	       "permission denied (a user without CAP_SYS_ADMIN may add only an unprivileged device, HYBD_DEV_F_UNPRIVILEGED)");
 	msg_is(&p, -1, HYBD_PERR_NONE, -ENOTTY,
 	       "the loaded module does not know HYBD_CTL_ADD (ABI mismatch)");
 	msg_is(&p, -1, HYBD_PERR_NONE, -EIO, "adding the device failed");
