@@ -167,6 +167,8 @@ char *hybd_srv_devnode(const struct device *d, umode_t *mode, kuid_t *uid,
 	if (dev && dev->unpriv && uid && gid) {
 		*uid = dev->owner_uid;
 		*gid = dev->owner_gid;
+		if (mode)
+			*mode = 0600;
 	}
 	return NULL;
 }
