@@ -300,6 +300,13 @@ static blk_status_t hybd_queue_rq(struct blk_mq_hw_ctx *hctx,
 	if ((op == HYBD_OP_READ || op == HYBD_OP_WRITE) &&
 	    bytes > q->dev->params.basic.max_io_bytes)
 		return BLK_STS_IOERR;
+	/*
+	 * A bio is checked against the capacity before it waits at a frozen
+	 * queue: one that waited out a shrink may end beyond the new end.
+	 */
+	if (blk_rq_sectors(rq) &&
+	    blk_rq_pos(rq) + blk_rq_sectors(rq) > get_capacity(rq->q->disk))
+		return BLK_STS_IOERR;
 
 	flags = hybd_rq_flags(rq);
 	blk_mq_start_request(rq);
