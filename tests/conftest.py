@@ -13,6 +13,7 @@ tools/vm-run boots, with kmod/hybd.ko loaded.
 
 import os
 import signal
+import stat
 from pathlib import Path
 
 import pytest
@@ -211,6 +212,16 @@ def ramdisk(servers):
         opts.setdefault("size", "64M")
         return servers.start([RAMDISK, *ramdisk_args(opts)])
     return start
+
+
+@pytest.fixture
+def open_control():
+    """The administrator lets everyone open the control node (for
+    unprivileged devices); its mode is put back afterwards."""
+    mode = os.stat(CONTROL).st_mode
+    os.chmod(CONTROL, 0o666)
+    yield
+    os.chmod(CONTROL, stat.S_IMODE(mode))
 
 
 @pytest.fixture

@@ -166,6 +166,14 @@ def need_tool(name):
     return path
 
 
+def as_user(uid, cmd):
+    """cmd run as uid:uid with no supplementary groups and no capability
+    (setpriv), as an unprivileged user would run it."""
+    need_tool("setpriv")
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+            "--inh-caps=-all", *[str(c) for c in cmd]]
+
+
 def need_built(path, what):
     """Fail (not skip): the project's own binaries are built by `make`."""
     if not Path(path).is_file() or not os.access(path, os.X_OK):

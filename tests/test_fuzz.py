@@ -6,7 +6,6 @@ device works afterwards.  The seed is printed; HYBD_FUZZ_SEED=N replays
 it.  10,000 calls per run, 100,000 in `make test-long`."""
 
 import os
-import stat
 import subprocess
 import sys
 import threading
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hybdlib import (CONTROL, LONG, T_CMD, T_STOP, device_ids, fio_verify, hybdctl,
+from hybdlib import (LONG, T_CMD, as_user, T_STOP, device_ids, fio_verify, hybdctl,
                      info, need_tool, reap, record, stack_of, state_of,
                      wait_for)
 
@@ -57,17 +56,10 @@ def fuzzer(request):
     """How fuzz.py runs: as root, or as a user without any capability
     whom the control node lets in (an unprivileged device)."""
     if request.param == "root":
-        yield [sys.executable, FUZZ], None
-        return
-    need_tool("setpriv")
-    mode = os.stat(CONTROL).st_mode
-    os.chmod(CONTROL, 0o666)
-    try:
-        yield (["setpriv", "--reuid=4242", "--regid=4242", "--clear-groups",
-                "--inh-caps=-all", sys.executable, FUZZ],
-               dict(os.environ, HYBD_FUZZ_UNPRIV="1"))
-    finally:
-        os.chmod(CONTROL, stat.S_IMODE(mode))
+        return [sys.executable, FUZZ], None
+    request.getfixturevalue("open_control")
+    return (as_user(4242, [sys.executable, FUZZ]),
+            dict(os.environ, HYBD_FUZZ_UNPRIV="1"))
 
 
 @pytest.mark.time_limit(2400 if LONG else 900)

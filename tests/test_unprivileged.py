@@ -19,30 +19,13 @@ from pathlib import Path
 import pytest
 
 import hybd_uapi as uapi
-from hybdlib import (BADSERVER, CONTROL, HYBDCTL, LOOP, RAMDISK, REPO, T_IO,
-                     device_ids, need_built, need_tool, pattern, run,
-                     wait_for)
+from hybdlib import (BADSERVER, HYBDCTL, LOOP, RAMDISK, REPO, T_IO,
+                     as_user, device_ids, need_built, pattern, run, wait_for)
 
 USER = 4242
 OTHER = 4343
 MiB = 1 << 20
 PARAMS = Path("/sys/module/hybd/parameters")
-
-
-def as_user(uid, cmd):
-    """cmd run as uid:uid with no supplementary groups and no capability."""
-    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-            "--inh-caps=-all", *[str(c) for c in cmd]]
-
-
-@pytest.fixture
-def open_control():
-    """The administrator lets everyone open the control node."""
-    need_tool("setpriv")
-    mode = os.stat(CONTROL).st_mode
-    os.chmod(CONTROL, 0o666)
-    yield
-    os.chmod(CONTROL, stat.S_IMODE(mode))
 
 
 @pytest.fixture
