@@ -3,19 +3,25 @@
  * hybd - online resize: HYBD_CTL_RESIZE (the server is asked first) and
  * HYBD_SRV_RESIZE (the server's own resize, or its answer).
  *
- * A grow needs nothing of the block layer but the new capacity: requests
- * beyond the old end can only come after it.  A shrink must not leave a
- * request beyond the new end in flight, nor let one in: the queue is
- * frozen (drained, new requests held back) across the question to the
- * server and the capacity change, so that when the server is asked it
- * holds nothing it is about to let go of.  While it is frozen nothing
- * here may wait for I/O to this device: memory is allocated without I/O.
+ * Two phases.  The server is asked first, while the queue runs: it
+ * accepts or refuses, and lets go of nothing.  The kernel then commits:
+ * a grow needs nothing of the block layer but the new capacity (requests
+ * beyond the old end can only come after it); a shrink must not leave a
+ * request beyond the new end in flight, nor let one in, so the queue is
+ * frozen (drained, new requests held back) around the capacity change
+ * alone.  The committed size is published last, in the ring headers:
+ * only then may the server let go of what a shrink cut off, so that a
+ * resize that fails after the answer (a drain that does not end, a
+ * signal) loses nothing.  Nothing waits for the server while the queue
+ * is frozen, and the change uevent, which allocates and takes a global
+ * mutex, is sent once requests flow again.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
 #include <linux/blk-mq.h>
 #include <linux/blkdev.h>
-#include <linux/sched/mm.h>
+#include <linux/kobject.h>
+#include <linux/sched/signal.h>
 #include <linux/wait.h>
 
 #include "hybd.h"
@@ -40,13 +46,78 @@ static void hybd_resize_flag(struct hybd_queue *q, u32 gen, u64 size)
 	spin_lock(&q->lock);
 	if (gen) {
 		WRITE_ONCE(q->hdr->resize_size, size);
-		/* the server loads the flag, then gen with acquire */
+		/* the server loads the flag, then gen, each with acquire */
 		smp_store_release(&q->hdr->resize_gen, gen);
-		WRITE_ONCE(q->hdr->flags, q->hdr->flags | HYBD_RING_RESIZE);
+		/* pairs with the server's acquire of the flag */
+		smp_store_release(&q->hdr->flags,
+				  q->hdr->flags | HYBD_RING_RESIZE);
 	} else {
 		WRITE_ONCE(q->hdr->flags, q->hdr->flags & ~HYBD_RING_RESIZE);
 	}
 	spin_unlock(&q->lock);
+}
+
+/*
+ * As HYBD_SRV_KICK: the worker returns from HYBD_SRV_IO and looks at its
+ * ring header.  The barrier orders kicked before the waiter's condition
+ * check in wake_up_all().
+ */
+static void hybd_resize_kick(struct hybd_queue *q)
+{
+	WRITE_ONCE(q->kicked, true);
+	smp_mb();	/* kicked before the waiters' condition is checked */
+	hybd_queue_wake(q);
+}
+
+/*
+ * Freeze @q: drain it, holding new requests back, for at most @timeout
+ * and only until a signal, checked every tenth of a second.
+ *
+ * Return: 0 (frozen: the caller unfreezes), -EBUSY (not drained in time),
+ * -EINTR.
+ */
+static int hybd_resize_freeze(struct request_queue *q, unsigned long timeout)
+{
+	unsigned long end = jiffies + timeout;
+	int ret = 0;
+
+	blk_freeze_queue_start(q);
+	while (!blk_mq_freeze_queue_wait_timeout(q, HZ / 10)) {
+		if (signal_pending(current))
+			ret = -EINTR;
+		else if (time_after(jiffies, end))
+			ret = -EBUSY;
+		if (ret) {
+			blk_mq_unfreeze_queue(q);
+			return ret;
+		}
+	}
+	return 0;
+}
+
+/*
+ * The size is @size: in the device's parameters, then in every ring
+ * header (release: a server that loads it sees the capacity changed, and
+ * on a shrink no request beyond it), and queue 0's worker is told.
+ */
+static void hybd_resize_publish(struct hybd_dev *dev, u64 size)
+{
+	unsigned int i;
+
+	WRITE_ONCE(dev->params.basic.dev_size, size);
+	for (i = 0; i < dev->params.basic.nr_hw_queues; i++)	/* after set_capacity() */
+		smp_store_release(&dev->queues[i].hdr->dev_size, size);
+	hybd_resize_kick(&dev->queues[0]);
+}
+
+/* The change uevent set_capacity_and_notify() sends, from a running queue */
+static void hybd_resize_uevent(struct gendisk *disk)
+{
+	char *envp[] = { "RESIZE=1", NULL };
+
+	if (disk_live(disk))
+		kobject_uevent_env(&disk_to_dev(disk)->kobj, KOBJ_CHANGE,
+				   envp);
 }
 
 /* Ask the server (through queue 0) and wait: its answer, or -errno. */
@@ -64,14 +135,7 @@ static int hybd_resize_ask(struct hybd_dev *dev, u64 size)
 	spin_unlock(&dev->state_lock);
 
 	hybd_resize_flag(q, gen, size);
-	/*
-	 * As HYBD_SRV_KICK: the worker returns from HYBD_SRV_IO and looks.
-	 * The barrier orders kicked before the waiter's condition check in
-	 * wake_up_all().
-	 */
-	WRITE_ONCE(q->kicked, true);
-	smp_mb();
-	hybd_queue_wake(q);
+	hybd_resize_kick(q);
 
 	left = wait_event_interruptible_timeout(dev->resize_wq,
 			READ_ONCE(dev->resize_answered) ||
@@ -103,9 +167,7 @@ static int hybd_resize_ask(struct hybd_dev *dev, u64 size)
  */
 int hybd_dev_resize(struct hybd_dev *dev, u64 size, bool ask)
 {
-	unsigned long timeout = hybd_resize_timeout(dev);
 	struct gendisk *disk = NULL;
-	unsigned int noio;
 	bool shrink;
 	u64 old;
 	int ret;
@@ -148,27 +210,24 @@ int hybd_dev_resize(struct hybd_dev *dev, u64 size, bool ask)
 		goto out_put;
 	}
 
-	if (shrink) {
-		blk_freeze_queue_start(disk->queue);
-		noio = memalloc_noio_save();
-		if (!blk_mq_freeze_queue_wait_timeout(disk->queue, timeout)) {
-			ret = -EBUSY;
-			goto out_unfreeze;
-		}
-	}
-	if (ask)
+	if (ask) {
 		ret = hybd_resize_ask(dev, size);
-	if (!ret) {
-		WRITE_ONCE(dev->params.basic.dev_size, size);
-		set_capacity_and_notify(disk, size >> SECTOR_SHIFT);
-		pr_info("hybd%u: resized from %llu to %llu bytes\n", dev->id,
-			old, size);
+		if (ret)
+			goto out_put;
 	}
-out_unfreeze:
 	if (shrink) {
-		memalloc_noio_restore(noio);
-		blk_mq_unfreeze_queue(disk->queue);
+		ret = hybd_resize_freeze(disk->queue, hybd_resize_timeout(dev));
+		if (ret)
+			goto out_put;
 	}
+	/* nothing in flight beyond the new end, when a shrink */
+	set_capacity(disk, size >> SECTOR_SHIFT);
+	if (shrink)
+		blk_mq_unfreeze_queue(disk->queue);
+	hybd_resize_publish(dev, size);
+	hybd_resize_uevent(disk);
+	pr_info("hybd%u: resized from %llu to %llu bytes\n", dev->id, old,
+		size);
 out_put:
 	put_device(disk_to_dev(disk));
 out_unlock:

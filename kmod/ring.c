@@ -93,6 +93,7 @@ int hybd_queue_alloc(struct hybd_dev *dev, struct hybd_queue *q,
 	hdr->desc_off = desc_off;
 	hdr->data_off = data_off;
 	hdr->queue_id = id;
+	hdr->dev_size = dev->params.basic.dev_size;
 
 	q->sq = q->area + sq_off;
 	q->cq = q->area + cq_off;

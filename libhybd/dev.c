@@ -188,6 +188,7 @@ static void set_config(struct hybd_dev *dev, const struct hybd_config *cfg,
 	*c = *cfg;
 	/* the device's own: a device taken over may have been resized */
 	dev->size = b->dev_size;
+	dev->committed = dev->size;
 	c->size = dev->size;
 	c->dev_id = dev->id;
 	c->logical_block_size = b->logical_bs;
@@ -227,14 +228,13 @@ static int srv_resize(struct hybd_dev *dev, struct hybd_srv_resize *r)
 /*
  * Queue 0's worker, HYBD_RING_RESIZE: ask the driver, tell the kernel.
  * The flag stays up until the kernel has the answer: answer each request
- * once.
+ * once.  Whether the resize happened, hybd__resize_check() learns.
  */
 void hybd__resize_answer(struct hybd_dev *dev, struct hybd_ring_hdr *hdr)
 {
 	struct hybd_srv_resize r = { .flags = HYBD_SRV_RESIZE_F_ANSWER };
 	uint32_t gen = hybd_load_acquire(&hdr->resize_gen);
 	uint64_t size = hybd_read_once(&hdr->resize_size);
-	uint64_t old = hybd_dev_size(dev);
 
 	if (gen == dev->resize_gen)
 		return;
@@ -247,14 +247,38 @@ void hybd__resize_answer(struct hybd_dev *dev, struct hybd_ring_hdr *hdr)
 	if (r.result > 0 || r.result < -4095)
 		r.result = -EINVAL;
 	/*
-	 * The new size before the answer: once the kernel has it, requests
-	 * beyond the old end may reach the other workers at once.
+	 * A grow is served before the answer: once the kernel has it,
+	 * requests beyond the old end may reach the other workers at once.
+	 * A shrink changes nothing until the kernel says it happened.
 	 */
-	if (!r.result)
+	if (!r.result && size > hybd_dev_size(dev))
 		set_size(dev, size);
 	/* -ESTALE: the kernel gave up waiting and changed nothing */
 	if (srv_resize(dev, &r) && !r.result)
-		set_size(dev, old);
+		set_size(dev, __atomic_load_n(&dev->committed,
+					      __ATOMIC_ACQUIRE));
+}
+
+/*
+ * Queue 0's worker, at every turn: has the size changed (dev_size in the
+ * ring header, published last by the kernel)?  Then it is the size the
+ * library serves, and the driver hears of it: after a shrink nothing
+ * beyond the new end is in flight or can come.
+ */
+void hybd__resize_check(struct hybd_dev *dev, struct hybd_ring_hdr *hdr)
+{
+	uint64_t size, old;
+
+	if (!(dev->features & HYBD_F_RESIZE))
+		return;
+	size = hybd_load_acquire(&hdr->dev_size);
+	if (!size || size == dev->committed)
+		return;
+	old = dev->committed;
+	__atomic_store_n(&dev->committed, size, __ATOMIC_RELEASE);
+	set_size(dev, size);
+	if (dev->drv.resized)
+		dev->drv.resized(dev, old, size);
 }
 
 int hybd_dev_resize(struct hybd_dev *dev, uint64_t size)
@@ -278,9 +302,12 @@ int hybd_dev_resize(struct hybd_dev *dev, uint64_t size)
 		set_size(dev, size);
 	ret = srv_resize(dev, &r);
 	if (ret) {
-		set_size(dev, old);
+		/* what the kernel has, even if another resize came between */
+		set_size(dev, __atomic_load_n(&dev->committed,
+					      __ATOMIC_ACQUIRE));
 		return hybd__resize_err(ret, dev->id, size);
 	}
+	/* queue 0's worker calls the resized hook when it sees it */
 	set_size(dev, size);
 	return 0;
 }

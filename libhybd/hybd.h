@@ -252,19 +252,35 @@ struct hybd_driver {
 	/* since 1.10 */
 
 	/*
-	 * resize - someone asked for the device to become @size bytes
-	 * (hybd_ctl_resize(), `hybdctl resize`).  Return 0 once the driver
-	 * serves that size (a grow: its storage is there; a shrink: it may
-	 * let go of what lies beyond), or a negative errno to refuse (the
-	 * resize then fails with it, and nothing changes).  Called in queue
-	 * 0's worker while the other workers serve; on a shrink no request
-	 * is in flight (the kernel holds new ones back until it returns), on
-	 * a grow requests below the old size may run meanwhile.  Answer
-	 * within the device's I/O timeout (30 s without one).  A driver
-	 * with this hook gets HYBD_DEV_F_RESIZE (if the module can resize);
-	 * without it, only the driver itself resizes (hybd_dev_resize()).
+	 * resize - someone asks for the device to become @size bytes
+	 * (hybd_ctl_resize(), `hybdctl resize`): may it?  Return 0 to
+	 * accept, or a negative errno to refuse (the resize then fails with
+	 * it, and nothing changes).  To accept a grow, have the storage for
+	 * the new blocks ready: they may be read and written as soon as the
+	 * hook returns.  To accept a shrink, let go of nothing yet: the
+	 * resize can still fail after the answer (the requests in flight do
+	 * not end in time, the caller is interrupted), and the blocks beyond
+	 * the new end are then still the device's; the resized hook says
+	 * when it happened.  Called in queue 0's worker while all workers
+	 * serve (requests anywhere on the device may run meanwhile).
+	 * Answer within the device's I/O timeout (30 s without one).  A
+	 * driver with this hook gets HYBD_DEV_F_RESIZE (if the module can
+	 * resize); without it, only the driver itself resizes
+	 * (hybd_dev_resize()).
 	 */
 	int (*resize)(struct hybd_dev *dev, uint64_t size);
+
+	/*
+	 * resized - the device is now @new_size bytes, no longer @old_size:
+	 * the kernel has committed a resize (asked through the resize hook,
+	 * or made by the driver with hybd_dev_resize()).  After a shrink, no
+	 * request beyond @new_size is in flight and none can come: the
+	 * driver may now let go of what lies beyond.  Called in queue 0's
+	 * worker, once per change, in order; hybd_dev_size() is @new_size.
+	 * Optional.
+	 */
+	void (*resized)(struct hybd_dev *dev, uint64_t old_size,
+			uint64_t new_size);
 };
 
 /*
@@ -449,8 +465,9 @@ const struct hybd_config *hybd_dev_config(const struct hybd_dev *dev);
 
 /*
  * hybd_dev_size - the device's size in bytes now (since 1.10): as
- * created, then as resized (hybd_dev_resize(), the driver's resize hook
- * accepting a resize).  hybd_dev_config()->size follows it too.  The
+ * created, then as resized (hybd_dev_resize(), a resize the kernel
+ * committed; while the resize hook's accepted grow waits for the kernel,
+ * already the new size).  hybd_dev_config()->size follows it too.  The
  * library fails requests beyond it with -EIO before any handler sees
  * them.
  */
@@ -464,8 +481,9 @@ uint64_t hybd_dev_size(const struct hybd_dev *dev);
  * back: not from a worker (-EDEADLK), whose own requests it would wait
  * for.  It is refused while a fast path is attached (-EBUSY), which could
  * otherwise serve blocks beyond the new end after a later grow.  The
- * resize hook is not called.  The block layer sees the new size at once
- * and announces it (a change uevent with RESIZE=1).
+ * resize hook is not called; the resized hook is, as for every change
+ * (in queue 0's worker, soon after this returns).  The block layer sees
+ * the new size at once and announces it (a change uevent with RESIZE=1).
  * RETURN VALUE: 0 or -errno (include/uapi/hybd.h, HYBD_SRV_RESIZE).
  */
 int hybd_dev_resize(struct hybd_dev *dev, uint64_t size);

@@ -127,6 +127,7 @@ struct hybd_dev {
 	bool			attached;	/* HYBD_CFG_ATTACH: resume it */
 	int			handed_over;	/* atomic: a worker drained */
 	uint32_t		resize_gen;	/* queue 0's worker: last answered */
+	uint64_t		committed;	/* queue 0's worker: dev_size seen */
 	pthread_mutex_t		lock;		/* protects what follows */
 	pthread_cond_t		cond;
 	unsigned int		nr_running;	/* workers alive */
@@ -178,5 +179,6 @@ bool hybd__on_worker(void);
 
 /* dev.c */
 void hybd__resize_answer(struct hybd_dev *dev, struct hybd_ring_hdr *hdr);
+void hybd__resize_check(struct hybd_dev *dev, struct hybd_ring_hdr *hdr);
 
 #endif /* LIBHYBD_INTERNAL_H */

@@ -31,11 +31,14 @@
 /* The worker of the queue this thread serves, NULL in other threads. */
 static __thread struct hybd_queue *hybd_current_queue;
 
-/* Does [off, off + len) fit in @size, with @off aligned to @align? */
-static int region_ok(uint64_t off, uint64_t len, uint64_t align, size_t size)
+/*
+ * Does [off, off + len) fit in @size after a header of @hdr bytes, with
+ * @off aligned to @align?
+ */
+static int region_ok(uint64_t off, uint64_t len, uint64_t align, size_t size,
+		     size_t hdr)
 {
-	return off >= sizeof(struct hybd_ring_hdr) && !(off % align) &&
-	       off <= size && len <= size - off;
+	return off >= hdr && !(off % align) && off <= size && len <= size - off;
 }
 
 int hybd__queue_init(struct hybd_queue *q, struct hybd_dev *dev,
@@ -46,6 +49,9 @@ int hybd__queue_init(struct hybd_queue *q, struct hybd_dev *dev,
 	uint32_t entries, depth, max_io, sq_off, cq_off, desc_off, data_off;
 	const char *what = NULL;
 	unsigned int i;
+	/* a module without HYBD_F_RESIZE has a shorter header */
+	size_t hdr_size = (dev->features & HYBD_F_RESIZE) ?
+		sizeof(*hdr) : offsetof(struct hybd_ring_hdr, resize_gen);
 
 	if (size < sizeof(*hdr))
 		return hybd__err(-EPROTO, "queue %u: %zu-byte mapping too small",
@@ -68,15 +74,16 @@ int hybd__queue_init(struct hybd_queue *q, struct hybd_dev *dev,
 	else if (!max_io || max_io != info->max_io_bytes)
 		what = "max_io_bytes";
 	else if (!region_ok(sq_off, (uint64_t)entries * sizeof(*q->sq),
-			    sizeof(*q->sq), size))
+			    sizeof(*q->sq), size, hdr_size))
 		what = "sq_off";
 	else if (!region_ok(cq_off, (uint64_t)entries * sizeof(*q->cq),
-			    sizeof(uint64_t), size))
+			    sizeof(uint64_t), size, hdr_size))
 		what = "cq_off";
 	else if (!region_ok(desc_off, (uint64_t)depth * sizeof(*q->desc),
-			    sizeof(uint64_t), size))
+			    sizeof(uint64_t), size, hdr_size))
 		what = "desc_off";
-	else if (!region_ok(data_off, (uint64_t)depth * max_io, 1, size))
+	else if (!region_ok(data_off, (uint64_t)depth * max_io, 1, size,
+			    hdr_size))
 		what = "data_off";
 	if (what)
 		return hybd__err(-EPROTO,
@@ -587,6 +594,8 @@ static int worker_loop_wait(struct hybd_queue *q)
 			return worker_hand_over(q);
 		if (resize_asked(q))
 			hybd__resize_answer(q->dev, q->hdr);
+		if (q->id == 0)
+			hybd__resize_check(q->dev, q->hdr);
 		if (hybd__queue_drain(q) && drv->queue_idle)
 			drv->queue_idle(q);
 	}
@@ -614,6 +623,8 @@ static int worker_loop_poll(struct hybd_queue *q)
 			return worker_hand_over(q);
 		if (resize_asked(q))
 			hybd__resize_answer(q->dev, q->hdr);
+		if (q->id == 0)
+			hybd__resize_check(q->dev, q->hdr);
 		if (hybd__queue_drain(q))
 			continue;
 		if (drv->queue_idle)

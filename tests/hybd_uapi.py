@@ -41,7 +41,7 @@ SRV_IO_FMT = "<IHHII"               # struct hybd_srv_io, 16
 SRV_QUEUE_CPUS_FMT = "<IIIIQII"     # struct hybd_srv_queue_cpus, 32
 CTL_RESIZE_FMT = "<IIQII2Q"         # struct hybd_ctl_resize, 40
 SRV_RESIZE_FMT = "<IIQIi2Q"         # struct hybd_srv_resize, 40
-RING_HDR_FMT = "<13IIQ"             # struct hybd_ring_hdr, 64
+RING_HDR_FMT = "<13IIQQ"            # struct hybd_ring_hdr, 72
 DEL_F_FORCE = 1
 
 OPF_READ, OPF_WRITE, OPF_FLUSH, OPF_FUA = 1, 2, 4, 8

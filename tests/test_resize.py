@@ -13,15 +13,18 @@ attached on a shrink; bad sizes).
 """
 import errno
 import os
+import signal
+import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 import hybd_uapi as uapi
-from hybdlib import (LOOP, REPO, T_IO, direct_read, direct_write, fio_verify,
-                     free_id, hybdctl, info, need_built, need_tool, pattern,
-                     run, wait_for)
+from hybdlib import (HYBDCTL, LOOP, REPO, T_IO, direct_read, direct_write,
+                     fio_verify, free_id, hybdctl, info, need_built, need_tool,
+                     pattern, run, wait_for)
 
 MiB = 1 << 20
 CACHE_BPF = REPO / "bpf" / "cache.bpf.o"
@@ -245,10 +248,65 @@ def test_server_resizes_its_own_device(badserver):
     srv = badserver("self-resize")
     wait_for(lambda: sum(line.startswith("size ") for line in srv.out) == 2,
              30, "two self-resizes")
-    sizes = [int(line.split()[1]) for line in srv.out if line.startswith("size ")]
-    assert sizes == [8 * MiB, 16 * MiB]
+    lines = [line.split() for line in srv.out if line.startswith("size ")]
+    # each change is in the ring header's dev_size when the ioctl returns
+    assert [(int(f[1]), int(f[3])) for f in lines] == \
+        [(8 * MiB, 8 * MiB), (16 * MiB, 16 * MiB)]
     assert disk_bytes(srv.dev) == 16 * MiB
     data = pattern(7, 64 << 10)
     direct_write(srv.dev, 15 * MiB, data)
     assert direct_read(srv.dev, 15 * MiB, len(data)) == data
+    srv.stop()
+
+
+def dev_sizes(srv):
+    """The committed sizes the server saw in its ring header, in order."""
+    return [int(line.split()[1]) for line in srv.out
+            if line.startswith("dev_size ")]
+
+
+def test_shrink_interrupted_after_the_answer_changes_nothing(badserver):
+    """The server accepts a shrink, then holds a request beyond the new end
+    for 3 s, so that the kernel's drain waits; the resize is interrupted
+    there.  The size stays, the server is never told of a new one (so it
+    lets go of nothing), the queue runs again, the wait was a signal's
+    to end; a second shrink, which drains, is published."""
+    srv = badserver("resize-hold", "--io-timeout", "20")
+    data = pattern(8, 64 << 10)
+    direct_write(srv.dev, 12 * MiB, data)
+    stop = threading.Event()
+    errors = []
+
+    def reader():
+        while not stop.is_set():
+            try:
+                if direct_read(srv.dev, 12 * MiB, len(data)) != data:
+                    errors.append("wrong data")
+            except OSError as e:
+                errors.append(e)
+
+    t = threading.Thread(target=reader)
+    t.start()
+    try:
+        ctl = subprocess.Popen([HYBDCTL, "resize", srv.dev, str(8 * MiB)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+        wait_for(lambda: any(line.startswith("accepted ") for line in srv.out),
+                 T_IO, "the server's answer")
+        time.sleep(0.5)          # the drain waits for the held read
+        ctl.send_signal(signal.SIGINT)
+        start = time.monotonic()
+        out, err = ctl.communicate(timeout=T_IO)
+        # well before the 3 s hold ends: the wait was interruptible
+        assert time.monotonic() - start < 2.5
+        assert ctl.returncode != 0, out + err
+    finally:
+        stop.set()
+        t.join(T_IO)
+    assert not errors, errors
+    assert disk_bytes(srv.dev) == 16 * MiB and info(srv.dev)["size"] == 16 * MiB
+    assert direct_read(srv.dev, 12 * MiB, len(data)) == data
+    assert dev_sizes(srv) == []
+    resized(srv.dev, 8 * MiB)
+    wait_for(lambda: dev_sizes(srv) == [8 * MiB], T_IO, "the published size")
     srv.stop()

@@ -139,29 +139,46 @@ static int ramdisk_write_zeroes(struct hybd_io *io, uint64_t offset,
 }
 
 /*
- * `hybdctl resize`: up to --max-size.  On a shrink no request is in
- * flight; what lies beyond the new end is let go of (the file shrinks, the
- * memory goes back), so that it reads as zeros if a grow brings it back.
+ * `hybdctl resize`: up to --max-size.  A grow's storage is there already
+ * (reserved memory, or the file grown now); a shrink lets go of nothing
+ * until it has happened (ramdisk_resized()).
  */
 static int ramdisk_resize(struct hybd_dev *dev, uint64_t size)
 {
 	struct ramdisk *rd = hybd_dev_priv(dev);
-	uint64_t old = atomic_load(&rd->size), page = 4096, cut;
 
 	if (size > rd->max_size)
 		return -ENOSPC;
+	if (rd->backed && size > atomic_load(&rd->size) &&
+	    ftruncate(rd->fd, size))
+		return -errno;
+	return 0;
+}
+
+/*
+ * The disk is @size bytes now.  After a shrink nothing beyond is in
+ * flight: let go of it (the file shrinks, the memory goes back), so that
+ * it reads as zeros if a grow brings it back.  A failure here leaves
+ * stale data beyond the end, which a later grow would show: say so.
+ */
+static void ramdisk_resized(struct hybd_dev *dev, uint64_t old, uint64_t size)
+{
+	struct ramdisk *rd = hybd_dev_priv(dev);
+	uint64_t page = 4096, cut;
+
+	atomic_store(&rd->size, size);
+	if (size >= old)
+		return;
 	if (rd->backed) {
 		if (ftruncate(rd->fd, size))
-			return -errno;
-	} else if (rd->mem && size < old) {
+			perror("ramdisk: shrinking the backing file");
+	} else if (rd->mem) {
 		cut = (size + page - 1) & ~(page - 1);
 		memset(rd->mem + size, 0, (cut < old ? cut : old) - size);
 		if (cut < old && madvise(rd->mem + cut, old - cut,
 					 MADV_DONTNEED))
-			return -errno;
+			perror("ramdisk: returning the cut-off memory");
 	}
-	atomic_store(&rd->size, size);
-	return 0;
 }
 
 static const struct hybd_driver ramdisk_driver = {
@@ -171,6 +188,7 @@ static const struct hybd_driver ramdisk_driver = {
 	.discard	= ramdisk_discard,
 	.write_zeroes	= ramdisk_write_zeroes,
 	.resize		= ramdisk_resize,
+	.resized	= ramdisk_resized,
 };
 
 /* --null: the requests are counted, their data is never touched. */
@@ -213,6 +231,7 @@ static const struct hybd_driver null_driver = {
 	.discard	= null_range,
 	.write_zeroes	= null_range,
 	.resize		= ramdisk_resize,
+	.resized	= ramdisk_resized,
 };
 
 static int fail(const char *what, int err)

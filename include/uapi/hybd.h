@@ -427,18 +427,22 @@ struct hybd_ctl_features {
  * server answers resizes (HYBD_DEV_F_RESIZE), under I/O.  @size is in
  * bytes, a multiple of the logical block size, 1..HYBD_MAX_DEV_SIZE.
  *
- * The server is asked first (HYBD_RING_RESIZE on queue 0) and may refuse
- * (its errno is returned); it must answer within the device's I/O timeout
- * (HYBD_RESIZE_TIMEOUT without one), or the resize fails with -ETIMEDOUT
- * and nothing changes.  A grow asks, then sets the new size.  A shrink
- * first waits for the requests in flight to end while holding new ones
- * back (the queue is frozen, at most as long as the server may take to
- * answer; -EBUSY if they do not end in time), then asks, then sets the
- * size: when the server is asked, no request beyond the new end is in
- * flight, and none can come.  The block layer ends requests beyond the
+ * The server is asked first (HYBD_RING_RESIZE on queue 0), with nothing
+ * held back, and may refuse (its errno is returned); it must answer
+ * within the device's I/O timeout (HYBD_RESIZE_TIMEOUT without one), or
+ * the resize fails with -ETIMEDOUT and nothing changes.  A grow then sets
+ * the new size.  A shrink then waits for the requests in flight to end
+ * while holding new ones back (the queue is frozen, at most as long as
+ * the server may take to answer; -EBUSY if they do not end in time,
+ * -EINTR on a signal: nothing changes), sets the size and lets requests
+ * in again.  Either way the new size is published last, in every ring
+ * header's dev_size: a server lets go of blocks beyond a shrunk end only
+ * once it sees it there, so that a resize that fails after the server
+ * accepted it loses nothing.  The block layer ends requests beyond the
  * end itself (reads there see the end of the device).  The new size is
  * announced to user space with a change uevent (RESIZE=1), as for any
- * disk; a file system on it is grown or shrunk by its own tools.
+ * disk, after the queue runs again; a file system on it is grown or
+ * shrunk by its own tools.
  *
  * A fast path's state about blocks beyond a shrunk end could outlive
  * them, and be served again after a grow: a shrink is refused (-EBUSY)
@@ -553,12 +557,15 @@ struct hybd_ctl_resize {
  */
 #define HYBD_RING_DRAIN		(1U << 2)
 /*
- * Queue 0 only, HYBD_CTL_RESIZE: the device is to become resize_size
- * bytes.  Answer with HYBD_SRV_RESIZE (HYBD_SRV_RESIZE_F_ANSWER, gen =
- * resize_gen, read with acquire after the flag): 0 once the server serves
- * the new size (a grow: storage ready; a shrink: it may let go of what
- * lies beyond), or a negative errno to refuse.  The worker is kicked
- * (HYBD_SRV_IO returns, the eventfd is signalled) when the flag is set.
+ * Queue 0 only, HYBD_CTL_RESIZE: may the device become resize_size
+ * bytes?  Answer with HYBD_SRV_RESIZE (HYBD_SRV_RESIZE_F_ANSWER, gen =
+ * resize_gen, read with acquire after the flag): 0 to accept (a grow: the
+ * storage is ready and requests up to the new end are served; a shrink:
+ * nothing is let go of yet), or a negative errno to refuse.  The resize
+ * may still fail after an answer (the requests in flight did not end in
+ * time, a signal): the size has changed only when dev_size says so.  The
+ * worker is kicked (HYBD_SRV_IO returns, the eventfd is signalled) when
+ * the flag is set.
  */
 #define HYBD_RING_RESIZE	(1U << 3)
 
@@ -579,6 +586,15 @@ struct hybd_ring_hdr {
 	/* HYBD_RING_RESIZE (queue 0): the request's number and size */
 	__u32	resize_gen;
 	__u64	resize_size;
+	/*
+	 * HYBD_F_RESIZE: the device's size in bytes, as the block layer has
+	 * it: stored with release after every change (HYBD_CTL_RESIZE,
+	 * HYBD_SRV_RESIZE), on every queue, then queue 0 is kicked.  Once a
+	 * server has loaded a smaller value (acquire), no request beyond it
+	 * is in flight or can come: it may let go of what lies beyond.
+	 * Without HYBD_F_RESIZE the header ends before resize_gen.
+	 */
+	__u64	dev_size;
 };
 
 /* hybd_io_desc.op */
@@ -798,7 +814,7 @@ struct hybd_srv_backing {
  *   HYBD_CTL_RESIZE does (a shrink waits for the requests in flight to
  *   end, and is refused while a fast path is attached) but without asking
  *   it: a grow only once it serves the new blocks, a shrink before it lets
- *   go of the old ones.  Not from a worker holding requests on a shrink:
+ *   go of the old ones (the ring headers' dev_size says when it may).  Not from a worker holding requests on a shrink:
  *   the shrink would wait for them until -EBUSY.
  * - HYBD_SRV_RESIZE_F_ANSWER: answer resize request @gen (HYBD_RING_RESIZE)
  *   with @result, 0 or a negative errno; @size is ignored.  -ESTALE if

@@ -35,13 +35,20 @@
  *                    then for the wrong request, then with 0 (the disk
  *                    does not grow: requests beyond it fail); exits 1 if
  *                    the kernel takes either bad answer
+ *   resize-hold      serves correctly; on a resize request takes no
+ *                    request for 1 s (what comes stays in flight), then
+ *                    accepts it ("accepted GEN") and takes none for 3 s
  *   self-resize      serves correctly; after "ready", resizes its own
  *                    device (HYBD_SRV_RESIZE) to half its size and back,
- *                    printing "size BYTES" after each
+ *                    printing "size BYTES published BYTES" after each
+ *                    (the second: the ring header's dev_size then)
  *   backing-fd3      serves correctly; after "ready", registers the file
  *                    open at descriptor 3 (inherited) as a writable
  *                    backing target and prints "backing 0" or "backing
  *                    ERRNO" (the kernel's errno, a number)
+ *
+ * In every mode, a change of the ring header's dev_size (the size the
+ * kernel committed) is printed as "dev_size BYTES".
  *
  * --io-timeout sets the device's I/O timeout (default: libhybd's, 30 s).
  *
@@ -71,7 +78,7 @@
 enum mode {
 	GOOD, UNKNOWN_TAG, DOUBLE_COMPLETE, STALE_SEQ, BAD_RESULT, GARBAGE_RING,
 	E_AGAIN, E_NOMEM, E_NOSPC, E_OPNOTSUPP, LATE, FORK_CHILD, TWO_WAITERS,
-	RESIZE_SILENT, RESIZE_GARBAGE, SELF_RESIZE, BACKING_FD3,
+	RESIZE_SILENT, RESIZE_GARBAGE, SELF_RESIZE, BACKING_FD3, RESIZE_HOLD,
 };
 
 static const char *const mode_names[] = {
@@ -92,6 +99,7 @@ static const char *const mode_names[] = {
 	[RESIZE_GARBAGE] = "resize-garbage",
 	[SELF_RESIZE] = "self-resize",
 	[BACKING_FD3] = "backing-fd3",
+	[RESIZE_HOLD] = "resize-hold",
 };
 
 static const int mode_errno[] = {
@@ -208,6 +216,7 @@ static void serve_one(uint32_t tag)
 	case RESIZE_GARBAGE:
 	case SELF_RESIZE:
 	case BACKING_FD3:
+	case RESIZE_HOLD:
 		post(tag, res, d.seq);
 		break;
 	case E_AGAIN:
@@ -283,6 +292,49 @@ static void answer_resize(void)
 		die("the resize answer was refused", -ret);
 }
 
+/*
+ * RESIZE_HOLD: let requests come, accept, and keep them in flight for 3 s
+ * more, so that the kernel's drain after the answer has one to wait for.
+ */
+static void accept_and_hold(void)
+{
+	static uint32_t answered;
+	uint32_t gen = __atomic_load_n(&srv.hdr->resize_gen, __ATOMIC_ACQUIRE);
+	int ret;
+
+	if (gen == answered)
+		return;
+	answered = gen;
+	sleep(1);
+	ret = srv_resize(HYBD_SRV_RESIZE_F_ANSWER, 0, gen, 0);
+	if (ret)
+		die("the resize answer was refused", -ret);
+	printf("accepted %u\n", gen);
+	fflush(stdout);
+	sleep(3);
+}
+
+/* The size the kernel committed last, from the ring header */
+static unsigned long long published(void)
+{
+	return __atomic_load_n(&srv.hdr->dev_size, __ATOMIC_ACQUIRE);
+}
+
+/* Say when the kernel's committed size changes. */
+static void report_dev_size(void)
+{
+	static uint64_t seen;
+	uint64_t size = __atomic_load_n(&srv.hdr->dev_size, __ATOMIC_ACQUIRE);
+
+	if (!seen)
+		seen = size;
+	if (size == seen)
+		return;
+	seen = size;
+	printf("dev_size %llu\n", (unsigned long long)size);
+	fflush(stdout);
+}
+
 /* The serving loop: commit and wait, then drain the submission ring. */
 static void *serve(void *arg)
 {
@@ -303,10 +355,15 @@ static void *serve(void *arg)
 			}
 			break;
 		}
-		if (srv.mode == RESIZE_GARBAGE &&
+		report_dev_size();
+		if ((srv.mode == RESIZE_GARBAGE || srv.mode == RESIZE_HOLD) &&
 		    (__atomic_load_n(&srv.hdr->flags, __ATOMIC_ACQUIRE) &
-		     HYBD_RING_RESIZE))
-			answer_resize();
+		     HYBD_RING_RESIZE)) {
+			if (srv.mode == RESIZE_GARBAGE)
+				answer_resize();
+			else
+				accept_and_hold();
+		}
 		tail = __atomic_load_n(&srv.hdr->sq_tail, __ATOMIC_ACQUIRE);
 		while (srv.sq_head != tail) {
 			uint32_t tag = srv.sq[srv.sq_head++ & (srv.entries - 1)];
@@ -337,7 +394,8 @@ static void setup(void)
 	cfg.physical_block_size = 4096;
 	cfg.ops = HYBD_OPF_READ | HYBD_OPF_WRITE;
 	cfg.flags = 0;
-	if (srv.mode == RESIZE_SILENT || srv.mode == RESIZE_GARBAGE)
+	if (srv.mode == RESIZE_SILENT || srv.mode == RESIZE_GARBAGE ||
+	    srv.mode == RESIZE_HOLD)
 		cfg.flags |= HYBD_DEV_F_RESIZE;
 	if (srv.io_timeout != UINT32_MAX)
 		cfg.io_timeout = srv.io_timeout;
@@ -536,11 +594,13 @@ int main(int argc, char **argv)
 		ret = srv_resize(0, srv.size / 2, 0, 0);
 		if (ret)
 			die("HYBD_SRV_RESIZE to half", -ret);
-		printf("size %llu\n", (unsigned long long)srv.size / 2);
+		printf("size %llu published %llu\n",
+		       (unsigned long long)srv.size / 2, published());
 		ret = srv_resize(0, srv.size, 0, 0);
 		if (ret)
 			die("HYBD_SRV_RESIZE back", -ret);
-		printf("size %llu\n", (unsigned long long)srv.size);
+		printf("size %llu published %llu\n",
+		       (unsigned long long)srv.size, published());
 		fflush(stdout);
 	}
 
