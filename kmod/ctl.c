@@ -98,12 +98,11 @@ static long hybd_ctl_add(struct hybd_ctl_add __user *arg)
 	ret = hybd_params_check(&add.params, &err);
 	if (ret)
 		goto out;
-	ret = hybd_owner_add_begin(&add.params);
+	ret = hybd_owner_check(&add.params, &err);
 	if (ret)
 		goto out;
 
 	dev = hybd_dev_create(&add.params, add.dev_id);
-	hybd_owner_add_end(&add.params);
 	if (IS_ERR(dev)) {
 		ret = PTR_ERR(dev);
 		if (ret == -EEXIST || ret == -ENOSPC)

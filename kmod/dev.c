@@ -52,6 +52,7 @@ static void hybd_dev_free(struct kref *ref)
 	mutex_destroy(&dev->backing_lock);
 	mutex_destroy(&dev->retired_lock);
 	cleanup_srcu_struct(&dev->remap_srcu);
+	hybd_owner_release(dev);
 	kfree(dev);
 }
 
@@ -204,8 +205,10 @@ struct hybd_dev *hybd_dev_create(const struct hybd_params *p, u32 id)
 	mutex_init(&dev->resize_lock);
 	init_waitqueue_head(&dev->resize_wq);
 	dev->params = *p;
-	hybd_owner_init(dev);
 	dev->state = HYBD_STATE_ADDED;
+	ret = hybd_owner_init(dev);
+	if (ret)
+		goto out_free;
 	dev->ring_entries = roundup_pow_of_two(p->basic.queue_depth);
 
 	ret = hybd_dev_init_tag_set(dev);

@@ -230,6 +230,10 @@ struct hybd_dev {
 	bool			unpriv;
 	kuid_t			owner_uid;
 	kgid_t			owner_gid;
+	/* what it costs and who pays, until it is freed (owner.c) */
+	bool			charged;
+	kuid_t			payer;
+	u64			charge;
 	u32			ring_entries;
 	u64			queue_stride;
 
@@ -338,7 +342,6 @@ int hybd_dev_reserve_id(struct hybd_dev *dev, u32 id);
 void hybd_dev_publish(struct hybd_dev *dev);
 void hybd_dev_remove_id(struct hybd_dev *dev);
 int hybd_dev_list(u32 *ids, u32 room);
-void hybd_dev_user_usage(kuid_t uid, u32 *devices, u64 *mem);
 
 /* ctl.c */
 int hybd_copy_in(void *dst, size_t size, size_t min, const void __user *src);
@@ -411,9 +414,9 @@ long hybd_remap_barrier(struct hybd_dev *dev);
 /* owner.c */
 extern const struct attribute_group *hybd_disk_groups[];
 u64 hybd_owner_charge(const struct hybd_params *p);
-int hybd_owner_add_begin(const struct hybd_params *p);
-void hybd_owner_add_end(const struct hybd_params *p);
-void hybd_owner_init(struct hybd_dev *dev);
+int hybd_owner_check(struct hybd_params *p, u32 *err);
+int hybd_owner_init(struct hybd_dev *dev);
+void hybd_owner_release(struct hybd_dev *dev);
 bool hybd_owner_may_manage(struct hybd_dev *dev);
 int hybd_owner_may_use_file(struct hybd_dev *dev, struct file *file,
 			    bool write);

@@ -139,29 +139,6 @@ int hybd_dev_list(u32 *ids, u32 room)
 	return n;
 }
 
-/**
- * hybd_dev_user_usage() - what @uid's unprivileged devices cost
- * @uid: the owner
- * @devices: out: how many it has
- * @mem: out: their hybd_owner_charge(), summed
- */
-void hybd_dev_user_usage(kuid_t uid, u32 *devices, u64 *mem)
-{
-	struct hybd_dev *dev;
-	unsigned long idx;
-
-	*devices = 0;
-	*mem = 0;
-	mutex_lock(&hybd_devs_lock);
-	xa_for_each(&hybd_devs, idx, dev) {
-		if (!dev->unpriv || !uid_eq(dev->owner_uid, uid))
-			continue;
-		(*devices)++;
-		*mem += hybd_owner_charge(&dev->params);
-	}
-	mutex_unlock(&hybd_devs_lock);
-}
-
 static void hybd_delete_all(void)
 {
 	struct hybd_dev *dev;

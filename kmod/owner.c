@@ -6,18 +6,23 @@
  * An unprivileged device belongs to the effective uid that added it.  Its
  * owner or an administrator may delete it, hand it over, resize it and
  * serve it; anyone who may open the control node may list and inspect it.
- * What it costs the kernel is bounded per user: a number of devices and
- * the memory their rings pin, counted the same way for the limit and for
- * the devices already there, and checked under one lock so that two adds
- * of one user cannot both take the last place.
+ * What it costs the kernel is bounded per paying user (the owner, or the
+ * user behind its user namespaces) and for all users together: a number
+ * of devices and the memory they pin, charged at creation and returned
+ * when the device is freed (not when it is deleted: a server may map its
+ * rings after that), under one lock so that two adds cannot both take
+ * the last place.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
 #include <linux/cred.h>
 #include <linux/fs.h>
+#include <linux/log2.h>
 #include <linux/module.h>
-#include <linux/mutex.h>
+#include <linux/slab.h>
+#include <linux/spinlock.h>
 #include <linux/uidgid.h>
+#include <linux/user_namespace.h>
 
 #include "hybd.h"
 
@@ -29,59 +34,197 @@ MODULE_PARM_DESC(max_user_devices,
 static unsigned int max_user_mem_mb = 512;
 module_param(max_user_mem_mb, uint, 0644);
 MODULE_PARM_DESC(max_user_mem_mb,
-		 "MiB of ring buffers a user's unprivileged devices may pin (default 512)");
+		 "MiB of kernel memory a user's unprivileged devices may pin (default 512)");
 
-/* held from the limits' check until the device is in the table */
-static DEFINE_MUTEX(hybd_user_lock);
+static unsigned int max_unpriv_devices = HYBD_MAX_DEVICES / 2;
+module_param(max_unpriv_devices, uint, 0644);
+MODULE_PARM_DESC(max_unpriv_devices,
+		 "unprivileged devices of all users together (default half the table: 32)");
 
-/* What the rings of a device with @p cost: the per-request buffers. */
+static unsigned int max_user_timeout = 120;
+module_param(max_user_timeout, uint, 0644);
+MODULE_PARM_DESC(max_user_timeout,
+		 "longest io_timeout and recovery_timeout of an unprivileged device, seconds (default 120)");
+
+/* an unprivileged device's io_timeout when it asks for none */
+#define HYBD_USER_IO_TIMEOUT	30
+
+/*
+ * What a device costs besides its rings and tags: the disk, its queue and
+ * sysfs, three workqueues, the per-CPU statistics.  An estimate, on the
+ * safe side.
+ */
+#define HYBD_OWNER_DEV_COST	(256U << 10)
+/* a tag's request and its hybd_tag, with slack for the scheduler's */
+#define HYBD_OWNER_TAG_COST	1024U
+
+/*
+ * A user's charge.  It lives from the first add until the last of the
+ * user's devices is freed: the rings of a deleted device stay while a
+ * server still maps them, and count until then.
+ */
+struct hybd_user {
+	struct list_head	node;
+	kuid_t			uid;
+	u32			devices;
+	u64			mem;
+};
+
+/* the users' charges and the total of unprivileged devices; any context */
+static DEFINE_SPINLOCK(hybd_user_lock);
+static LIST_HEAD(hybd_users);
+static u32 hybd_unpriv_devices;
+
+/* What a device with @p pins: its rings, its tags, its fixed part. */
 u64 hybd_owner_charge(const struct hybd_params *p)
 {
-	return (u64)p->basic.nr_hw_queues * p->basic.queue_depth *
-	       p->basic.max_io_bytes;
+	u32 sq_off, cq_off, desc_off, data_off;
+	size_t area;
+
+	area = hybd_queue_area_size(p, roundup_pow_of_two(p->basic.queue_depth),
+				    &sq_off, &cq_off, &desc_off, &data_off);
+	return (u64)p->basic.nr_hw_queues *
+	       (area + (u64)p->basic.queue_depth * HYBD_OWNER_TAG_COST) +
+	       HYBD_OWNER_DEV_COST;
 }
 
-/**
- * hybd_owner_add_begin() - may the caller add a device with @p?
- * @p: the checked parameters
- *
- * Return: 0 with hybd_user_lock held for an unprivileged device (the
- * caller ends with hybd_owner_add_end()), 0 for an administrator's, or
- * -EPERM (no CAP_SYS_ADMIN, and not HYBD_DEV_F_UNPRIVILEGED), -EDQUOT (a
- * limit), -EINTR.
+/*
+ * Who pays for the caller's device: its effective uid, or, in a user
+ * namespace, the user who made the outermost one.  Otherwise a user
+ * given subordinate uids could take a limit's worth under each of them.
  */
-int hybd_owner_add_begin(const struct hybd_params *p)
+static kuid_t hybd_owner_payer(void)
 {
-	u64 mem, limit = (u64)max_user_mem_mb << 20;
-	u32 devices;
+	struct user_namespace *ns = current_user_ns();
 
-	if (!(p->basic.flags & HYBD_DEV_F_UNPRIVILEGED))
-		return capable(CAP_SYS_ADMIN) ? 0 : -EPERM;
-	if (mutex_lock_interruptible(&hybd_user_lock))
-		return -EINTR;
-	hybd_dev_user_usage(current_euid(), &devices, &mem);
-	if (devices >= READ_ONCE(max_user_devices) ||
-	    mem + hybd_owner_charge(p) > limit) {
-		mutex_unlock(&hybd_user_lock);
-		return -EDQUOT;
+	if (ns == &init_user_ns)
+		return current_euid();
+	while (ns->parent != &init_user_ns)
+		ns = ns->parent;
+	return ns->owner;
+}
+
+static struct hybd_user *hybd_user_find(kuid_t uid)
+{
+	struct hybd_user *u;
+
+	list_for_each_entry(u, &hybd_users, node) {
+		if (uid_eq(u->uid, uid))
+			return u;
+	}
+	return NULL;
+}
+
+/*
+ * hybd_owner_check() - may the caller add a device with @p, and with what
+ * timeouts?  In the caller's context, before anything is allocated.
+ *
+ * An unprivileged device always has an I/O timeout (HYBD_USER_IO_TIMEOUT
+ * for 0) and none, nor a recovery timeout, beyond max_user_timeout: its
+ * server, which may be hostile, must not hold a request (and whoever
+ * issued it: udev, a mount) for ever.
+ *
+ * Return: 0, or -EPERM (no CAP_SYS_ADMIN and not HYBD_DEV_F_UNPRIVILEGED,
+ * or a timeout beyond the limit: *@err names it).
+ */
+int hybd_owner_check(struct hybd_params *p, u32 *err)
+{
+	struct hybd_param_basic *b = &p->basic;
+	u32 limit = READ_ONCE(max_user_timeout);
+
+	if (!(b->flags & HYBD_DEV_F_UNPRIVILEGED)) {
+		if (capable(CAP_SYS_ADMIN))
+			return 0;
+		*err = HYBD_PERR_FLAGS;
+		return -EPERM;
+	}
+	if (!b->io_timeout)
+		b->io_timeout = min(HYBD_USER_IO_TIMEOUT, limit ?: 1);
+	if (b->io_timeout > limit) {
+		*err = HYBD_PERR_IO_TIMEOUT;
+		return -EPERM;
+	}
+	if (b->recovery_timeout > limit) {
+		*err = HYBD_PERR_RECOVERY;
+		return -EPERM;
 	}
 	return 0;
 }
 
-void hybd_owner_add_end(const struct hybd_params *p)
+/*
+ * hybd_owner_init() - at creation, in the caller's context: whose device
+ * it is, and charge its cost to the user who pays for it.
+ *
+ * Return: 0, -EDQUOT (a limit), -ENOMEM.  The charge is returned by
+ * hybd_owner_release() when the device is freed.
+ */
+int hybd_owner_init(struct hybd_dev *dev)
 {
-	if (p->basic.flags & HYBD_DEV_F_UNPRIVILEGED)
-		mutex_unlock(&hybd_user_lock);
+	struct hybd_user *u, *fresh;
+	u64 limit = (u64)READ_ONCE(max_user_mem_mb) << 20;
+	kuid_t payer;
+	int ret = 0;
+
+	dev->unpriv = dev->params.basic.flags & HYBD_DEV_F_UNPRIVILEGED;
+	if (!dev->unpriv)
+		return 0;
+	dev->owner_uid = current_euid();
+	dev->owner_gid = current_egid();
+	payer = hybd_owner_payer();
+
+	fresh = kzalloc(sizeof(*fresh), GFP_KERNEL);
+	if (!fresh)
+		return -ENOMEM;
+	dev->charge = hybd_owner_charge(&dev->params);
+
+	spin_lock_irq(&hybd_user_lock);
+	u = hybd_user_find(payer);
+	if (hybd_unpriv_devices >= READ_ONCE(max_unpriv_devices) ||
+	    (u && u->devices >= READ_ONCE(max_user_devices)) ||
+	    (u ? u->mem : 0) + dev->charge > limit ||
+	    !READ_ONCE(max_user_devices)) {
+		ret = -EDQUOT;
+		goto out;
+	}
+	if (!u) {
+		u = fresh;
+		fresh = NULL;
+		u->uid = payer;
+		list_add(&u->node, &hybd_users);
+	}
+	u->devices++;
+	u->mem += dev->charge;
+	hybd_unpriv_devices++;
+	dev->payer = payer;
+	dev->charged = true;
+out:
+	spin_unlock_irq(&hybd_user_lock);
+	kfree(fresh);
+	return ret;
 }
 
-/* At creation, in the caller's context: whose device it is. */
-void hybd_owner_init(struct hybd_dev *dev)
+/* The device is freed (rings and all): return its charge.  Any context. */
+void hybd_owner_release(struct hybd_dev *dev)
 {
-	dev->unpriv = dev->params.basic.flags & HYBD_DEV_F_UNPRIVILEGED;
-	if (dev->unpriv) {
-		dev->owner_uid = current_euid();
-		dev->owner_gid = current_egid();
+	struct hybd_user *u, *gone = NULL;
+	unsigned long flags;
+
+	if (!dev->charged)
+		return;
+	spin_lock_irqsave(&hybd_user_lock, flags);
+	u = hybd_user_find(dev->payer);
+	if (!WARN_ON_ONCE(!u)) {
+		u->devices--;
+		u->mem -= dev->charge;
+		if (!u->devices) {
+			list_del(&u->node);
+			gone = u;
+		}
 	}
+	hybd_unpriv_devices--;
+	spin_unlock_irqrestore(&hybd_user_lock, flags);
+	dev->charged = false;
+	kfree(gone);
 }
 
 /* Delete, hand over, resize, serve: the owner's or an administrator's. */

@@ -122,7 +122,7 @@ static int generic_errmsg(char *buf, size_t size, int err)
 				"permission denied (a user without CAP_SYS_ADMIN may add only an unprivileged device, HYBD_DEV_F_UNPRIVILEGED)");
 	case -EDQUOT:
 		return snprintf(buf, size,
-				"this user has as many unprivileged devices, or as much ring memory, as the module allows (its parameters max_user_devices and max_user_mem_mb)");
+				"this user has as many unprivileged devices, or as much kernel memory in them, as the module allows (its parameters max_user_devices and max_user_mem_mb), or all users together have max_unpriv_devices");
 	case -ENOTTY:
 		return snprintf(buf, size,
 				"the loaded module does not know HYBD_CTL_ADD (ABI mismatch)");
@@ -219,10 +219,18 @@ int hybd__param_errmsg(char *buf, size_t size, const struct hybd_params *p,
 	case HYBD_PERR_DISCARD:
 		return discard_errmsg(buf, size, p);
 	case HYBD_PERR_IO_TIMEOUT:
+		if (err == -EPERM)
+			return snprintf(buf, size,
+					"I/O timeout %u s: too long for an unprivileged device (at most the module parameter max_user_timeout, 120 s by default)",
+					b->io_timeout);
 		return snprintf(buf, size,
 				"I/O timeout %u s: must be at most %u s (0: none)",
 				b->io_timeout, HYBD_MAX_IO_TIMEOUT);
 	case HYBD_PERR_RECOVERY:
+		if (err == -EPERM)
+			return snprintf(buf, size,
+					"recovery timeout %u s: too long for an unprivileged device (at most the module parameter max_user_timeout, 120 s by default)",
+					b->recovery_timeout);
 		return snprintf(buf, size,
 				"recovery timeout %u s: must be at most %u s (0: none)",
 				b->recovery_timeout, HYBD_MAX_RECOVERY_TIMEOUT);

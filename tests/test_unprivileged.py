@@ -11,7 +11,10 @@ is done here by hand.
 import errno
 import json
 import os
+import re
+import signal
 import stat
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -176,6 +179,84 @@ with u.Control() as ctl:
     finally:
         for p, v in saved.items():
             (PARAMS / p).write_text(v)
+        with uapi.Control() as ctl:
+            for dev_id in made:
+                uapi.delete(ctl, dev_id)
+
+
+def test_a_deleted_device_counts_until_it_is_freed(open_control):
+    """A process that keeps the server node open keeps the device's
+    memory (the kernel frees it with the last reference, not at delete):
+    it stays charged to its user until then."""
+    need_built(BADSERVER, "tests/helpers/badserver")
+    saved = (PARAMS / "max_user_devices").read_text().strip()
+    made, child = [], None
+    try:
+        (PARAMS / "max_user_devices").write_text("1")
+        srv = subprocess.Popen(as_user(USER, [BADSERVER, "fork-child"]),
+                               stdout=subprocess.PIPE, text=True)
+        lines = []
+        while not any(line.startswith("child ") for line in lines):
+            line = srv.stdout.readline()
+            assert line, f"badserver ended: {lines}"
+            lines.append(line)
+        child = int(next(line for line in lines
+                         if line.startswith("child ")).split()[1])
+        dev_id = int(re.search(r"hybd(\d+)", next(
+            line for line in lines if line.startswith("ready "))).group(1))
+        rc, _, err = hybdctl_as(USER, "del", str(dev_id))
+        assert rc == 0, err
+        srv.wait(T_IO)
+        assert dev_id not in device_ids()
+        # deleted, but its child still holds the node: still charged
+        rc, _, err = hybdctl_as(USER, "add", "--size", "16M")
+        assert rc == 1 and "max_user_devices" in err, err
+        os.kill(child, signal.SIGKILL)
+        child = None
+
+        def add():
+            rc, out, _ = hybdctl_as(USER, "add", "--size", "16M")
+            if rc == 0:
+                made.append(int(out))
+            return rc == 0
+        wait_for(add, T_IO, "the charge returned when the device is freed")
+    finally:
+        if child:
+            os.kill(child, signal.SIGKILL)
+        (PARAMS / "max_user_devices").write_text(saved)
+        with uapi.Control() as ctl:
+            for dev_id in made:
+                uapi.delete(ctl, dev_id)
+
+
+def test_all_users_together_and_timeouts_are_limited(open_control):
+    """max_unpriv_devices caps every user's devices together; an
+    unprivileged device always has an I/O timeout, and no timeout beyond
+    max_user_timeout."""
+    saved = (PARAMS / "max_unpriv_devices").read_text().strip()
+    made = []
+    try:
+        (PARAMS / "max_unpriv_devices").write_text("1")
+        rc, out, err = hybdctl_as(USER, "add", "--size", "16M",
+                                  "--io-timeout", "0")
+        assert rc == 0, err
+        made.append(int(out))
+        rc, _, err = hybdctl_as(OTHER, "add", "--size", "16M")
+        assert rc == 1 and "max_unpriv_devices" in err, err
+        # none asked for: 30 s all the same
+        rc, out, err = hybdctl_as(USER, "info", str(made[0]), "--json")
+        assert rc == 0, err
+        assert json.loads(out)["io_timeout"] == 30
+        (PARAMS / "max_unpriv_devices").write_text("8")
+        for opt in ("--io-timeout", "--recovery"):
+            rc, _, err = hybdctl_as(USER, "add", "--size", "16M", opt, "121")
+            assert rc == 1 and "too long for an unprivileged device" in err, err
+        rc, out, err = hybdctl_as(USER, "add", "--size", "16M",
+                                  "--io-timeout", "120")
+        assert rc == 0, err
+        made.append(int(out))
+    finally:
+        (PARAMS / "max_unpriv_devices").write_text(saved)
         with uapi.Control() as ctl:
             for dev_id in made:
                 uapi.delete(ctl, dev_id)
