@@ -413,6 +413,26 @@ static bool hybd_bpf_dev_takes_prog(struct hybd_dev *dev)
 }
 
 /**
+ * hybd_bpf_block() - keep programs off @dev (a shrink), or let them on
+ * @dev: the device
+ * @block: true to keep them off
+ *
+ * Return: 0, or -EBUSY if @block and a program is attached.
+ */
+int hybd_bpf_block(struct hybd_dev *dev, bool block)
+{
+	int ret = 0;
+
+	mutex_lock(&hybd_bpf_lock);
+	if (block && rcu_access_pointer(dev->bpf_prog))
+		ret = -EBUSY;
+	else
+		dev->bpf_blocked = block;
+	mutex_unlock(&hybd_bpf_lock);
+	return ret;
+}
+
+/**
  * hybd_ops_reg() - attach a program to the device named by its dev_id
  * @kdata: the kernel's struct hybd_bpf_ops
  * @link: the link being created, or NULL
@@ -420,7 +440,8 @@ static bool hybd_bpf_dev_takes_prog(struct hybd_dev *dev)
  * Context: process context (BPF_LINK_CREATE), may sleep.
  * Return: 0; -EPERM without CAP_SYS_ADMIN, -ENODEV if the device does not
  * exist or is dead or being deleted, -EBUSY if it has a program (or this
- * one is attached already), -ESTALE if this ops was attached before.
+ * one is attached already) or is being shrunk, -ESTALE if this ops was
+ * attached before.
  */
 static int hybd_ops_reg(void *kdata, struct bpf_link *link)
 {
@@ -447,7 +468,7 @@ static int hybd_ops_reg(void *kdata, struct bpf_link *link)
 	ret = hybd_bpf_ops_usable(ops);
 	if (!ret && !hybd_bpf_dev_takes_prog(dev))
 		ret = -ENODEV;
-	if (!ret && rcu_access_pointer(dev->bpf_prog))
+	if (!ret && (rcu_access_pointer(dev->bpf_prog) || dev->bpf_blocked))
 		ret = -EBUSY;
 	if (!ret)
 		hybd_bpf_install(p);

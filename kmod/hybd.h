@@ -17,6 +17,7 @@
 #ifndef _HYBD_H
 #define _HYBD_H
 
+#include <linux/ratelimit.h>
 #include <linux/blk-mq.h>
 #include <linux/cdev.h>
 #include <linux/fs.h>
@@ -320,6 +321,7 @@ struct hybd_dev {
 	u32			bpf_gen;	/* bumped on attach/replace */
 	u32			bpf_attaches;
 	bool			bpf_gone;	/* deleted: takes no program */
+	bool			bpf_blocked;	/* being shrunk: takes none */
 
 	/* resizes (resize.c), one at a time */
 	struct mutex		resize_lock;
@@ -329,6 +331,8 @@ struct hybd_dev {
 	bool			resize_answered;
 	int			resize_result;
 	wait_queue_head_t	resize_wq;
+	/* an unprivileged device's resizes (and their uevents) */
+	struct ratelimit_state	resize_rs;
 };
 
 /* main.c */
@@ -381,6 +385,7 @@ void hybd_rq_copy(struct request *rq, u32 off, void *buf, u32 len, bool to_rq);
 /* bpf.c */
 int hybd_bpf_init(void);
 void hybd_bpf_dev_gone(struct hybd_dev *dev);
+int hybd_bpf_block(struct hybd_dev *dev, bool block);
 int hybd_bpf_submit(struct hybd_queue *q, struct hybd_tag *t);
 void hybd_bpf_complete(struct hybd_queue *q, struct hybd_tag *t);
 void hybd_bpf_fill_info(struct hybd_dev *dev, struct hybd_dev_info *info);

@@ -70,7 +70,7 @@ struct hybd_user {
 	u64			mem;
 };
 
-/* the users' charges and the total of unprivileged devices; any context */
+/* the users' charges and the total of unprivileged devices */
 static DEFINE_SPINLOCK(hybd_user_lock);
 static LIST_HEAD(hybd_users);
 static u32 hybd_unpriv_devices;
@@ -80,28 +80,35 @@ u64 hybd_owner_charge(const struct hybd_params *p)
 {
 	u32 sq_off, cq_off, desc_off, data_off;
 	size_t area;
+	/* blk-mq gives no more hardware queues than CPUs */
+	u32 nr = min_t(u32, p->basic.nr_hw_queues, nr_cpu_ids);
 
 	area = hybd_queue_area_size(p, roundup_pow_of_two(p->basic.queue_depth),
 				    &sq_off, &cq_off, &desc_off, &data_off);
-	return (u64)p->basic.nr_hw_queues *
+	return (u64)nr *
 	       (area + (u64)p->basic.queue_depth * HYBD_OWNER_TAG_COST) +
 	       HYBD_OWNER_DEV_COST;
 }
 
 /*
- * Who pays for the caller's device: its effective uid, or, in a user
- * namespace, the user who made the outermost one.  Otherwise a user
- * given subordinate uids could take a limit's worth under each of them.
+ * Who pays for the caller's device: its effective uid, or, inside user
+ * namespaces, the user (not root) who made the outermost of them that a
+ * user made.  Otherwise a user given subordinate uids could take a
+ * limit's worth under each of them.  Namespaces root made (a container
+ * runtime's) are the administrator's partition: there the effective uid
+ * pays, which is distinct per container when the runtime maps each to
+ * its own range.
  */
 static kuid_t hybd_owner_payer(void)
 {
-	struct user_namespace *ns = current_user_ns();
+	struct user_namespace *ns;
+	kuid_t payer = current_euid();
 
-	if (ns == &init_user_ns)
-		return current_euid();
-	while (ns->parent != &init_user_ns)
-		ns = ns->parent;
-	return ns->owner;
+	for (ns = current_user_ns(); ns != &init_user_ns; ns = ns->parent) {
+		if (!uid_eq(ns->owner, GLOBAL_ROOT_UID))
+			payer = ns->owner;
+	}
+	return payer;
 }
 
 static struct hybd_user *hybd_user_find(kuid_t uid)
@@ -172,12 +179,16 @@ int hybd_owner_init(struct hybd_dev *dev)
 	dev->owner_gid = current_egid();
 	payer = hybd_owner_payer();
 
-	fresh = kzalloc(sizeof(*fresh), GFP_KERNEL);
+	ratelimit_state_init(&dev->resize_rs, 5 * HZ, 10);
+	/* refusals are counted, not logged (this would say "suppressed") */
+	ratelimit_set_flags(&dev->resize_rs, RATELIMIT_MSG_ON_RELEASE);
+
+	fresh = kzalloc(sizeof(*fresh), GFP_KERNEL_ACCOUNT);
 	if (!fresh)
 		return -ENOMEM;
 	dev->charge = hybd_owner_charge(&dev->params);
 
-	spin_lock_irq(&hybd_user_lock);
+	spin_lock(&hybd_user_lock);
 	u = hybd_user_find(payer);
 	if (hybd_unpriv_devices >= READ_ONCE(max_unpriv_devices) ||
 	    (u && u->devices >= READ_ONCE(max_user_devices)) ||
@@ -198,20 +209,19 @@ int hybd_owner_init(struct hybd_dev *dev)
 	dev->payer = payer;
 	dev->charged = true;
 out:
-	spin_unlock_irq(&hybd_user_lock);
+	spin_unlock(&hybd_user_lock);
 	kfree(fresh);
 	return ret;
 }
 
-/* The device is freed (rings and all): return its charge.  Any context. */
+/* The device is freed (rings and all): return its charge. */
 void hybd_owner_release(struct hybd_dev *dev)
 {
 	struct hybd_user *u, *gone = NULL;
-	unsigned long flags;
 
 	if (!dev->charged)
 		return;
-	spin_lock_irqsave(&hybd_user_lock, flags);
+	spin_lock(&hybd_user_lock);
 	u = hybd_user_find(dev->payer);
 	if (!WARN_ON_ONCE(!u)) {
 		u->devices--;
@@ -222,7 +232,7 @@ void hybd_owner_release(struct hybd_dev *dev)
 		}
 	}
 	hybd_unpriv_devices--;
-	spin_unlock_irqrestore(&hybd_user_lock, flags);
+	spin_unlock(&hybd_user_lock);
 	dev->charged = false;
 	kfree(gone);
 }

@@ -40,6 +40,20 @@ static bool hybd_resize_askable(struct hybd_dev *dev)
 	return READ_ONCE(dev->state) == HYBD_STATE_LIVE;
 }
 
+/* Why not, when not askable: -EAGAIN (waiting for a server), -ENODEV. */
+static int hybd_resize_not_live(struct hybd_dev *dev)
+{
+	switch (READ_ONCE(dev->state)) {
+	case HYBD_STATE_ADDED:
+	case HYBD_STATE_WAITING:
+		return -EAGAIN;
+	case HYBD_STATE_LIVE:
+		return 0;
+	default:
+		return -ENODEV;
+	}
+}
+
 /* Queue 0's HYBD_RING_RESIZE: set with the request, or cleared. */
 static void hybd_resize_flag(struct hybd_queue *q, u32 gen, u64 size)
 {
@@ -64,6 +78,8 @@ static void hybd_resize_flag(struct hybd_queue *q, u32 gen, u64 size)
  */
 static void hybd_resize_kick(struct hybd_queue *q)
 {
+	/* the header before kicked: the worker reads it once woken */
+	smp_mb();
 	WRITE_ONCE(q->kicked, true);
 	smp_mb();	/* kicked before the waiters' condition is checked */
 	hybd_queue_wake(q);
@@ -149,7 +165,7 @@ static int hybd_resize_ask(struct hybd_dev *dev, u64 size)
 	else if (left < 0)
 		ret = -EINTR;
 	else if (!hybd_resize_askable(dev))
-		ret = -ENODEV;
+		ret = hybd_resize_not_live(dev) ?: -ENODEV;
 	else
 		ret = -ETIMEDOUT;
 	spin_unlock(&dev->state_lock);
@@ -204,30 +220,45 @@ int hybd_dev_resize(struct hybd_dev *dev, u64 size, bool ask)
 	old = READ_ONCE(dev->params.basic.dev_size);
 	if (size == old)
 		goto out_put;
-	shrink = size < old;
-	if (shrink && rcu_access_pointer(dev->bpf_prog)) {
+	/* a user's device: a few resizes a second, each a uevent */
+	if (dev->unpriv && !__ratelimit(&dev->resize_rs)) {
 		ret = -EBUSY;
 		goto out_put;
 	}
-
+	shrink = size < old;
+	/* no program may learn of the blocks cut off until it is done */
+	if (shrink) {
+		ret = hybd_bpf_block(dev, true);
+		if (ret)
+			goto out_put;
+	}
 	if (ask) {
 		ret = hybd_resize_ask(dev, size);
 		if (ret)
-			goto out_put;
+			goto out_unblock;
 	}
 	if (shrink) {
 		ret = hybd_resize_freeze(disk->queue, hybd_resize_timeout(dev));
 		if (ret)
-			goto out_put;
+			goto out_unblock;
 	}
-	/* nothing in flight beyond the new end, when a shrink */
-	set_capacity(disk, size >> SECTOR_SHIFT);
+	/* the server may have gone meanwhile: its successor was not asked */
+	spin_lock(&dev->state_lock);
+	ret = hybd_resize_not_live(dev);
+	if (!ret)	/* nothing in flight beyond the new end, when a shrink */
+		set_capacity(disk, size >> SECTOR_SHIFT);
+	spin_unlock(&dev->state_lock);
 	if (shrink)
 		blk_mq_unfreeze_queue(disk->queue);
+	if (ret)
+		goto out_unblock;
 	hybd_resize_publish(dev, size);
 	hybd_resize_uevent(disk);
-	pr_info("hybd%u: resized from %llu to %llu bytes\n", dev->id, old,
-		size);
+	pr_info_ratelimited("hybd%u: resized from %llu to %llu bytes\n",
+			    dev->id, old, size);
+out_unblock:
+	if (shrink)
+		hybd_bpf_block(dev, false);
 out_put:
 	put_device(disk_to_dev(disk));
 out_unlock:

@@ -405,7 +405,8 @@ static long hybd_srv_io(struct hybd_dev *dev, struct hybd_srv_io __user *arg)
 	 */
 	io.sq_tail = smp_load_acquire(&q->sq_published);
 	if (consume) {
-		WRITE_ONCE(q->kicked, false);
+		/* a kick seen before what the kicker wrote is read (resize.c) */
+		smp_store_mb(q->kicked, false);
 		WRITE_ONCE(q->sq_returned, io.sq_tail);
 	}
 	if (put_user(io.sq_tail, &arg->sq_tail))

@@ -225,10 +225,63 @@ static int srv_resize(struct hybd_dev *dev, struct hybd_srv_resize *r)
 	return ret < 0 ? -errno : 0;
 }
 
+/* Serve the committed size, or an accepted grow's.  Under resize_lock. */
+static void serve_size(struct hybd_dev *dev)
+{
+	uint64_t c = dev->committed;
+
+	set_size(dev, dev->grow_pending > c ? dev->grow_pending : c);
+}
+
+/*
+ * Under resize_lock: has the kernel committed a new size (queue 0's
+ * dev_size, published last)?  Then serve it, and tell the driver: after
+ * a shrink nothing beyond the new end is in flight or can come.  Every
+ * change passes here before the next is asked or made (the workers check
+ * before they answer, hybd_dev_resize() holds the lock across its own),
+ * so the driver hears of each, in order.
+ */
+static void reconcile(struct hybd_dev *dev)
+{
+	struct hybd_ring_hdr *hdr = dev->queues[0].hdr;
+	uint64_t size, old;
+
+	if (!dev->has_dev_size)
+		return;
+	size = hybd_load_acquire(&hdr->dev_size);
+	if (!size || size == dev->committed)
+		return;
+	old = dev->committed;
+	__atomic_store_n(&dev->committed, size, __ATOMIC_RELEASE);
+	dev->grow_pending = 0;
+	serve_size(dev);
+	if (dev->drv.resized)
+		dev->drv.resized(dev, old, size);
+}
+
+/*
+ * Queue 0's worker, at every turn.  Never waits for the lock: its holder
+ * may be a hybd_dev_resize() whose shrink waits for this worker's
+ * requests, and reconciles itself before letting go.
+ */
+void hybd__resize_check(struct hybd_dev *dev, struct hybd_ring_hdr *hdr)
+{
+	if (!dev->has_dev_size ||
+	    hybd_load_acquire(&hdr->dev_size) ==
+	    __atomic_load_n(&dev->committed, __ATOMIC_ACQUIRE))
+		return;
+	if (pthread_mutex_trylock(&dev->resize_lock))
+		return;
+	reconcile(dev);
+	pthread_mutex_unlock(&dev->resize_lock);
+}
+
 /*
  * Queue 0's worker, HYBD_RING_RESIZE: ask the driver, tell the kernel.
  * The flag stays up until the kernel has the answer: answer each request
- * once.  Whether the resize happened, hybd__resize_check() learns.
+ * once.  Whether the resize happened, reconcile() learns later.  Waiting
+ * for the lock is safe here: while the kernel asks, no hybd_dev_resize()
+ * can be in its ioctl (-EBUSY at once).
  */
 void hybd__resize_answer(struct hybd_dev *dev, struct hybd_ring_hdr *hdr)
 {
@@ -238,6 +291,9 @@ void hybd__resize_answer(struct hybd_dev *dev, struct hybd_ring_hdr *hdr)
 
 	if (gen == dev->resize_gen)
 		return;
+	pthread_mutex_lock(&dev->resize_lock);
+	/* what was committed before this question, heard of first */
+	reconcile(dev);
 	dev->resize_gen = gen;
 	r.gen = gen;
 	if (!dev->drv.resize)
@@ -251,40 +307,21 @@ void hybd__resize_answer(struct hybd_dev *dev, struct hybd_ring_hdr *hdr)
 	 * requests beyond the old end may reach the other workers at once.
 	 * A shrink changes nothing until the kernel says it happened.
 	 */
-	if (!r.result && size > hybd_dev_size(dev))
-		set_size(dev, size);
+	if (!r.result && size > dev->committed) {
+		dev->grow_pending = size;
+		serve_size(dev);
+	}
 	/* -ESTALE: the kernel gave up waiting and changed nothing */
-	if (srv_resize(dev, &r) && !r.result)
-		set_size(dev, __atomic_load_n(&dev->committed,
-					      __ATOMIC_ACQUIRE));
-}
-
-/*
- * Queue 0's worker, at every turn: has the size changed (dev_size in the
- * ring header, published last by the kernel)?  Then it is the size the
- * library serves, and the driver hears of it: after a shrink nothing
- * beyond the new end is in flight or can come.
- */
-void hybd__resize_check(struct hybd_dev *dev, struct hybd_ring_hdr *hdr)
-{
-	uint64_t size, old;
-
-	if (!(dev->features & HYBD_F_RESIZE))
-		return;
-	size = hybd_load_acquire(&hdr->dev_size);
-	if (!size || size == dev->committed)
-		return;
-	old = dev->committed;
-	__atomic_store_n(&dev->committed, size, __ATOMIC_RELEASE);
-	set_size(dev, size);
-	if (dev->drv.resized)
-		dev->drv.resized(dev, old, size);
+	if (srv_resize(dev, &r) && !r.result) {
+		dev->grow_pending = 0;
+		serve_size(dev);
+	}
+	pthread_mutex_unlock(&dev->resize_lock);
 }
 
 int hybd_dev_resize(struct hybd_dev *dev, uint64_t size)
 {
 	struct hybd_srv_resize r = { .size = size };
-	uint64_t old;
 	int ret;
 
 	if (!dev)
@@ -296,20 +333,27 @@ int hybd_dev_resize(struct hybd_dev *dev, uint64_t size)
 		return hybd__err(-EDEADLK,
 				 "%s: a shrink waits for the requests in flight, which a worker may hold: shrink from another thread",
 				 dev->path);
-	old = hybd_dev_size(dev);
+	pthread_mutex_lock(&dev->resize_lock);
+	reconcile(dev);
 	/* a grow is served from the moment the kernel has it */
-	if (size > old)
-		set_size(dev, size);
+	if (size > dev->committed) {
+		dev->grow_pending = size;
+		serve_size(dev);
+	}
 	ret = srv_resize(dev, &r);
 	if (ret) {
-		/* what the kernel has, even if another resize came between */
-		set_size(dev, __atomic_load_n(&dev->committed,
-					      __ATOMIC_ACQUIRE));
-		return hybd__resize_err(ret, dev->id, size);
+		dev->grow_pending = 0;
+		serve_size(dev);
+	} else if (!dev->has_dev_size) {
+		__atomic_store_n(&dev->committed, size, __ATOMIC_RELEASE);
+		dev->grow_pending = 0;
+		serve_size(dev);
+	} else {
+		/* published before the ioctl returned: the driver hears now */
+		reconcile(dev);
 	}
-	/* queue 0's worker calls the resized hook when it sees it */
-	set_size(dev, size);
-	return 0;
+	pthread_mutex_unlock(&dev->resize_lock);
+	return ret ? hybd__resize_err(ret, dev->id, size) : 0;
 }
 
 uint64_t hybd_dev_size(const struct hybd_dev *dev)
@@ -391,6 +435,7 @@ static void dev_free(struct hybd_dev *dev)
 	pthread_mutex_unlock(&dev->lock);
 	pthread_cond_destroy(&dev->cond);
 	pthread_mutex_destroy(&dev->lock);
+	pthread_mutex_destroy(&dev->resize_lock);
 	free(dev);
 }
 
@@ -484,6 +529,7 @@ int hybd_dev_create_sized(const struct hybd_config *cfg_in, size_t cfg_size,
 	dev->drv = drv;
 	dev->priv = priv;
 	pthread_mutex_init(&dev->lock, NULL);
+	pthread_mutex_init(&dev->resize_lock, NULL);
 	pthread_cond_init(&dev->cond, NULL);
 
 	if (cfg.lib_flags & HYBD_CFG_ATTACH) {

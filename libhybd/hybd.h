@@ -275,9 +275,10 @@ struct hybd_driver {
 	 * the kernel has committed a resize (asked through the resize hook,
 	 * or made by the driver with hybd_dev_resize()).  After a shrink, no
 	 * request beyond @new_size is in flight and none can come: the
-	 * driver may now let go of what lies beyond.  Called in queue 0's
-	 * worker, once per change, in order; hybd_dev_size() is @new_size.
-	 * Optional.
+	 * driver may now let go of what lies beyond.  Called once per
+	 * change, in order, never two at once: in queue 0's worker, or for
+	 * the driver's own hybd_dev_resize() in its caller's thread before
+	 * it returns.  hybd_dev_size() is @new_size.  Optional.
 	 */
 	void (*resized)(struct hybd_dev *dev, uint64_t old_size,
 			uint64_t new_size);
@@ -482,7 +483,7 @@ uint64_t hybd_dev_size(const struct hybd_dev *dev);
  * for.  It is refused while a fast path is attached (-EBUSY), which could
  * otherwise serve blocks beyond the new end after a later grow.  The
  * resize hook is not called; the resized hook is, as for every change
- * (in queue 0's worker, soon after this returns).  The block layer sees
+ * (here, in the caller's thread, before it returns).  The block layer sees
  * the new size at once and announces it (a change uevent with RESIZE=1).
  * RETURN VALUE: 0 or -errno (include/uapi/hybd.h, HYBD_SRV_RESIZE).
  */

@@ -127,7 +127,15 @@ struct hybd_dev {
 	bool			attached;	/* HYBD_CFG_ATTACH: resume it */
 	int			handed_over;	/* atomic: a worker drained */
 	uint32_t		resize_gen;	/* queue 0's worker: last answered */
-	uint64_t		committed;	/* queue 0's worker: dev_size seen */
+	/*
+	 * Resizes (dev.c): the size the kernel committed last as seen in
+	 * queue 0's dev_size, a grow accepted but not committed yet (0:
+	 * none), under @resize_lock; the library serves the larger.
+	 */
+	pthread_mutex_t		resize_lock;
+	uint64_t		committed;	/* atomic reads outside the lock */
+	uint64_t		grow_pending;
+	bool			has_dev_size;	/* the module publishes dev_size */
 	pthread_mutex_t		lock;		/* protects what follows */
 	pthread_cond_t		cond;
 	unsigned int		nr_running;	/* workers alive */

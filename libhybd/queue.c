@@ -49,9 +49,8 @@ int hybd__queue_init(struct hybd_queue *q, struct hybd_dev *dev,
 	uint32_t entries, depth, max_io, sq_off, cq_off, desc_off, data_off;
 	const char *what = NULL;
 	unsigned int i;
-	/* a module without HYBD_F_RESIZE has a shorter header */
-	size_t hdr_size = (dev->features & HYBD_F_RESIZE) ?
-		sizeof(*hdr) : offsetof(struct hybd_ring_hdr, resize_gen);
+	/* the header of the first modules; the rings tell how long it is */
+	size_t hdr_size = offsetof(struct hybd_ring_hdr, resize_gen);
 
 	if (size < sizeof(*hdr))
 		return hybd__err(-EPROTO, "queue %u: %zu-byte mapping too small",
@@ -119,6 +118,10 @@ int hybd__queue_init(struct hybd_queue *q, struct hybd_dev *dev,
 	q->area = area;
 	q->area_size = size;
 	q->hdr = hdr;
+	/* dev_size is there if the rings start after it (HYBD_F_RESIZE) */
+	if (id == 0)
+		dev->has_dev_size = (dev->features & HYBD_F_RESIZE) &&
+				    sq_off >= sizeof(*hdr);
 	q->sq = (uint32_t *)((char *)area + sq_off);
 	q->cq = (struct hybd_cqe *)((char *)area + cq_off);
 	q->desc = (struct hybd_io_desc *)((char *)area + desc_off);
@@ -592,10 +595,11 @@ static int worker_loop_wait(struct hybd_queue *q)
 			return ret;
 		if (handing_over(q))
 			return worker_hand_over(q);
-		if (resize_asked(q))
-			hybd__resize_answer(q->dev, q->hdr);
+		/* a change before a new question: in order */
 		if (q->id == 0)
 			hybd__resize_check(q->dev, q->hdr);
+		if (resize_asked(q))
+			hybd__resize_answer(q->dev, q->hdr);
 		if (hybd__queue_drain(q) && drv->queue_idle)
 			drv->queue_idle(q);
 	}
@@ -621,10 +625,11 @@ static int worker_loop_poll(struct hybd_queue *q)
 			return ret;
 		if (handing_over(q))
 			return worker_hand_over(q);
-		if (resize_asked(q))
-			hybd__resize_answer(q->dev, q->hdr);
+		/* a change before a new question: in order */
 		if (q->id == 0)
 			hybd__resize_check(q->dev, q->hdr);
+		if (resize_asked(q))
+			hybd__resize_answer(q->dev, q->hdr);
 		if (hybd__queue_drain(q))
 			continue;
 		if (drv->queue_idle)

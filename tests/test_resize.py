@@ -81,6 +81,15 @@ def test_grow_and_shrink_keep_data_and_zero_what_comes_back(ramdisk):
     assert direct_read(srv.dev, 90 * MiB, len(high)) == bytes(len(high)), \
         "what the shrink cut off came back"
     assert direct_read(srv.dev, 60 * MiB, len(low)) == low
+
+    # a shrink and a grow back to back: the driver hears of both, in
+    # order (one merged into the other would leave the old data there)
+    direct_write(srv.dev, 90 * MiB, high)
+    res = run(["sh", "-c", f"{HYBDCTL} resize {srv.dev} 64M && "
+                           f"{HYBDCTL} resize {srv.dev} 96M"])
+    assert res.returncode == 0, res.stderr
+    assert direct_read(srv.dev, 90 * MiB, len(high)) == bytes(len(high)), \
+        "what a back-to-back shrink cut off came back"
     s = info(srv.dev)["stats"]
     assert s["slow_errors"] == 0 and s["failed_dead"] == 0
     srv.stop()

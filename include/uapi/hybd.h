@@ -154,9 +154,15 @@
  * name the owner for a udev rule.  The kernel does not scan it for
  * partitions (its content is the user's), and a backing target its server
  * registers must be a file or device the server may itself read (and
- * write, HYBD_BACKING_F_WRITE).  Limits per user: the module parameters
- * max_user_devices and max_user_mem_mb (the rings' memory, mem_bytes);
- * an add beyond them fails with -EDQUOT.  Attaching a fast path needs
+ * write, HYBD_BACKING_F_WRITE).  It always has an I/O timeout: 0 becomes
+ * 30 s, and an io_timeout or recovery_timeout above the module parameter
+ * max_user_timeout (120 s) fails with -EPERM.  Limits: per user,
+ * max_user_devices and max_user_mem_mb (what its devices pin: rings,
+ * tags and a fixed part; charged from the add until the device is freed,
+ * which is after its delete if a server still holds its node), charged
+ * to the owner or, in user namespaces, to the user (not root) who made
+ * the outermost one; for all users together, max_unpriv_devices.  An add
+ * beyond them fails with -EDQUOT.  At most 10 resizes in 5 s (-EBUSY).  Attaching a fast path needs
  * the BPF capabilities, as always: an administrator attaches one to a
  * user's device.
  */
@@ -178,7 +184,8 @@ struct hybd_param_basic {
 	__u32	ops;		/* HYBD_OPF_* */
 	__u32	flags;		/* HYBD_DEV_F_* */
 	__u32	poll_ns;	/* busy-poll before sleeping, 0..HYBD_MAX_POLL_NS */
-	__u32	io_timeout;	/* seconds, 0..HYBD_MAX_IO_TIMEOUT; 0: none */
+	__u32	io_timeout;	/* seconds, 0..HYBD_MAX_IO_TIMEOUT; 0: none
+				 * (HYBD_DEV_F_UNPRIVILEGED: 30 s) */
 	/*
 	 * seconds, 0..HYBD_MAX_RECOVERY_TIMEOUT (HYBD_F_RECOVERY): when the
 	 * server goes away, hold I/O this long for a new one; 0: fail at once
@@ -592,7 +599,8 @@ struct hybd_ring_hdr {
 	 * HYBD_SRV_RESIZE), on every queue, then queue 0 is kicked.  Once a
 	 * server has loaded a smaller value (acquire), no request beyond it
 	 * is in flight or can come: it may let go of what lies beyond.
-	 * Without HYBD_F_RESIZE the header ends before resize_gen.
+	 * The header of a module without HYBD_F_RESIZE ends before
+	 * resize_gen; dev_size is there when sq_off is past it.
 	 */
 	__u64	dev_size;
 };
