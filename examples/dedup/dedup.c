@@ -142,17 +142,19 @@ static int dedup_write(struct hybd_io *io, const void *buf, uint64_t off,
 		       uint32_t len)
 {
 	struct server *sv = hybd_io_priv(io);
-	uint32_t i;
 	int ret;
 
 	atomic_fetch_add(&sv->slow_writes, 1);
-	for (i = 0; i < len / DD_BLOCK_SIZE; i++) {
-		ret = dd_write(sv->s, (off >> DD_BLOCK_SHIFT) + i,
-			       (const char *)buf + (size_t)i * DD_BLOCK_SIZE);
-		if (ret) {
-			report(sv, "write", ret);
-			return ret;
-		}
+	/*
+	 * The request's blocks at once: their new contents get consecutive
+	 * chunks, so that reading them back is one remap (dedup.bpf.c), even
+	 * while the other handler threads write too.
+	 */
+	ret = dd_write_extent(sv->s, off >> DD_BLOCK_SHIFT,
+			      len >> DD_BLOCK_SHIFT, buf);
+	if (ret) {
+		report(sv, "write", ret);
+		return ret;
 	}
 	return hybd_io_flags(io) & HYBD_IO_F_FUA ? commit(sv) : 0;
 }
