@@ -5,8 +5,8 @@
  *
  *   dedup format --size SIZE [--force] STORE
  *   dedup serve [--queues N] [--depth N] [--threads N] [--id N]
- *               [--io-timeout SECONDS] [--bpf PROG.bpf.o | --no-fast-path]
- *               [--no-remap] STORE
+ *               [--max-io SIZE] [--io-timeout SECONDS]
+ *               [--bpf PROG.bpf.o | --no-fast-path] [--no-remap] STORE
  *   dedup check STORE
  *   dedup status [--json] /dev/hybdN | STORE
  *
@@ -510,7 +510,8 @@ static char *default_bpf(void)
 
 static const char serve_usage[] =
 	"usage: dedup serve [--queues N] [--depth N] [--threads N] [--id N]\n"
-	"                   [--io-timeout SECONDS] [--bpf PROG.bpf.o | --no-fast-path]\n"
+	"                   [--max-io SIZE] [--io-timeout SECONDS]\n"
+	"                   [--bpf PROG.bpf.o | --no-fast-path]\n"
 	"                   [--no-remap]\n"
 	"                   STORE\n";
 
@@ -522,6 +523,7 @@ static int cmd_serve(int argc, char **argv)
 		{ "threads", required_argument, NULL, 'T' },
 		{ "id", required_argument, NULL, 'i' },
 		{ "io-timeout", required_argument, NULL, 't' },
+		{ "max-io", required_argument, NULL, 'm' },
 		{ "bpf", required_argument, NULL, 'b' },
 		{ "no-fast-path", no_argument, NULL, 'n' },
 		{ "no-remap", no_argument, NULL, 'R' },
@@ -547,6 +549,7 @@ static int cmd_serve(int argc, char **argv)
 		case 'T': cfg.queue_threads = number("serve", name, optarg); break;
 		case 'i': cfg.dev_id = number("serve", name, optarg); break;
 		case 't': cfg.io_timeout = number("serve", name, optarg); break;
+		case 'm': cfg.max_io_bytes = number("serve", name, optarg); break;
 		case 'b': sv.bpf_path = optarg; sv.bpf_required = true; break;
 		case 'n': fast = false; break;
 		case 'R': sv.no_remap = true; break;
