@@ -612,6 +612,7 @@ static void test_sync_failure(void)
 	CHECK(dd_write_hole(s, 0, 1) == -EIO, "a discard after it");
 	CHECK(dd_commit(s) == -EIO, "a commit after it");
 	store_ino = 0;
+	nr_dirty = 0;	/* no later test's power_loss() reverts this store's */
 	dd_close(s);
 	OK(dd_open(path, 0, &s));
 	pattern(buf, 1);
@@ -979,7 +980,9 @@ static void test_run_unused(void)
 	CHECK(dd_write_extent(s, EXT_BLOCKS, EXT_BLOCKS, buf) == -ENOSPC,
 	      "the write fails: %s", dd_errmsg());
 	fail_pwrite_at = 0;
+	/* off, and nothing of this store is lost by a later power_loss() */
 	store_ino = 0;
+	nr_dirty = 0;
 	dd_stats(s, &st);
 	CHECK(st.chunks_used == st0.chunks_used &&
 	      st.chunks_free == st0.chunks_free &&
