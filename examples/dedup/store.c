@@ -71,6 +71,8 @@
  * full, rather than growing the store file.
  */
 #define RECLAIM_MIN		1024
+/* how far below its top the free stack is searched for a run */
+#define RUN_SCAN		4096
 #define IO_PIECE		(1U << 20)
 
 /* The superblock, little-endian, at offset 0. */
@@ -489,9 +491,9 @@ static void chunk_put(struct dd_store *s, uint32_t c)
 /* ---- allocation ---- */
 
 /*
- * A chunk no map entry ever pointed to goes straight back.  (A run given
- * back goes highest first, so that its lowest is on top again: see
- * chunk_alloc_run().)
+ * A chunk no map entry ever pointed to goes straight back, on top of the
+ * free stack, out of its order (a run given back goes highest first, so
+ * that the next write finds it whole on top).
  */
 static void chunk_unused(struct dd_store *s, uint32_t c)
 {
@@ -501,15 +503,72 @@ static void chunk_unused(struct dd_store *s, uint32_t c)
 }
 
 /*
+ * Take the first run of @want consecutive free chunks from the free stack
+ * (nr_free > 0), looking from the top down as far as RUN_SCAN entries, or
+ * the longest run there if none is that long; with alloc_lock held.  The
+ * stack is kept in order, highest id at the bottom (load_chunks(),
+ * free_merge()), so a run is a stretch of it, lowest id uppermost.
+ * RETURN VALUE: how many it took, the first in *@first.
+ */
+static uint32_t take_run(struct dd_store *s, uint32_t want, uint32_t *first)
+{
+	uint32_t *st = s->free_stack;
+	uint64_t lo = s->nr_free > RUN_SCAN ? s->nr_free - RUN_SCAN : 0;
+	uint64_t top = s->nr_free - 1, bottom, best = top, best_len = 0, len;
+
+	for (;;) {
+		/* st[bottom..top] holds ids st[top], st[top] + 1, ... */
+		for (bottom = top; bottom > lo && top - bottom + 1 < want &&
+		     st[bottom - 1] == st[bottom] + 1; bottom--)
+			;
+		len = top - bottom + 1;
+		if (len > best_len) {
+			best_len = len;
+			best = top;
+		}
+		if (len >= want || bottom <= lo)
+			break;
+		top = bottom - 1;
+	}
+	*first = st[best];
+	/* the run is st[best - best_len + 1..best]: close the gap */
+	memmove(st + best - best_len + 1, st + best + 1,
+		(s->nr_free - best - 1) * sizeof(*st));
+	s->nr_free -= best_len;
+	return best_len;
+}
+
+/*
+ * Push @n freed chunks, highest id first in @batch, onto the free stack,
+ * merged into its order (highest at the bottom): chunks freed side by
+ * side by different commits come together again.  With alloc_lock held;
+ * it moves only the entries below the highest of @batch.
+ */
+static void free_merge(struct dd_store *s, const uint32_t *batch, uint64_t n)
+{
+	uint32_t *st = s->free_stack;
+	uint64_t i = s->nr_free, k = s->nr_free + n;
+
+	s->nr_free = k;
+	/* from the top down, the lower of the two uppermost goes up */
+	while (n) {
+		if (i && st[i - 1] < batch[n - 1])
+			st[--k] = st[--i];
+		else
+			st[--k] = batch[--n];
+	}
+}
+
+/*
  * Up to @want free chunks with consecutive ids, the first in *@first, so
  * that the blocks of one write that need new chunks lie one after the
  * other in the store, as a remapped read of them needs (dedup.bpf.c).
  * Freed chunks are reused before the data area grows, as ever:
  *
- *  - a free chunk, and as many as follow it on the free stack with the
- *    next ids (the stack keeps the lowest id of each run on top: see
- *    chunk_unused(), dd_commit() and load_chunks()); if that takes the last one and
- *    the run ends where the never-used chunks begin, it goes on there;
+ *  - free chunks, the first run of @want found near the top of the free
+ *    stack, else the longest there (take_run()); if that takes the last
+ *    one and the run ends where the never-used chunks begin, it goes on
+ *    there;
  *  - else never-used chunks from next_new, unless many freed chunks wait
  *    for a commit (or the area is full): then commit, which frees them,
  *    rather than grow.  Chunks waiting in either pending list (the one a
@@ -535,10 +594,7 @@ static int chunk_alloc_run(struct dd_store *s, uint32_t want, uint32_t *first)
 		grow = s->next_new <= s->nr_chunks &&
 		       (pend < RECLAIM_MIN || grown_once);
 		if (s->nr_free) {
-			*first = s->free_stack[--s->nr_free];
-			for (n = 1; n < want && s->nr_free &&
-			     s->free_stack[s->nr_free - 1] == *first + n; n++)
-				s->nr_free--;
+			n = take_run(s, want, first);
 		} else if (grow) {
 			*first = s->next_new;
 			n = 0;
@@ -998,18 +1054,16 @@ int dd_commit(struct dd_store *s)
 		goto keep_pending;
 	}
 	/*
-	 * rule 3: what this commit freed may be reused from now on.  Highest
-	 * id first, so that the stack pops it lowest first and chunks freed
-	 * side by side are reused as a run (chunk_alloc_run()), not in the
-	 * reverse of the order they were freed in.  Only this commit touches
-	 * pending[old] now: writers free into pending[cur].
+	 * rule 3: what this commit freed may be reused from now on, merged
+	 * into the free stack's order, so that chunks freed side by side are
+	 * reused as a run (chunk_alloc_run()), not in the reverse of the
+	 * order they were freed in.  Sorted outside alloc_lock: only this
+	 * commit touches pending[old] now, writers free into pending[cur].
 	 */
 	qsort(s->pending[old], s->nr_pending[old], sizeof(uint32_t),
 	      chunk_id_desc);
 	pthread_mutex_lock(&s->alloc_lock);
-	memcpy(s->free_stack + s->nr_free, s->pending[old],
-	       s->nr_pending[old] * sizeof(uint32_t));
-	s->nr_free += s->nr_pending[old];
+	free_merge(s, s->pending[old], s->nr_pending[old]);
 	s->nr_pending[old] = 0;
 	pthread_mutex_unlock(&s->alloc_lock);
 	atomic_fetch_add(&s->commits, 1);

@@ -877,7 +877,7 @@ static void test_extents(void)
 	char buf[EXT_BLOCKS * DD_BLOCK_SIZE], got[DD_BLOCK_SIZE];
 	struct dd_store *s = fresh(blocks + 64);
 	struct dd_stats st, st0;
-	uint64_t size, i, c;
+	uint64_t i, c;
 
 	extents_generation(s, 0);
 	OK(dd_commit(s));
@@ -887,12 +887,13 @@ static void test_extents(void)
 	 */
 	extents_generation(s, 100000);
 	OK(dd_commit(s));
-	size = file_size();
-	/* and reused, as runs again, without growing the store */
+	/*
+	 * and reused, as runs again (whether the store grows meanwhile, up to
+	 * RECLAIM_MIN chunks, depends on when the writers find the free
+	 * chunks gone: test_accounting checks the policy)
+	 */
 	extents_generation(s, 200000);
 	OK(dd_commit(s));
-	CHECK(file_size() == size, "the store grew: %" PRIu64 " -> %" PRIu64,
-	      size, file_size());
 	dd_stats(s, &st);
 	CHECK(st.chunks_used == blocks && st.mapped_blocks == blocks,
 	      "used %" PRIu64 " mapped %" PRIu64, st.chunks_used,
