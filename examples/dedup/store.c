@@ -30,9 +30,10 @@
  * Concurrency: a block's map entry changes under one of NR_STRIPES
  * rwlocks (readers hold it across their pread, so the chunk they read
  * cannot be freed and reused under them); the index is split into buckets
- * with NR_BUCKET_LOCKS mutexes; chunk allocation takes one mutex for a
- * push or a pop.  Hashing, compression of zeros and the data I/O run
- * outside every lock, so handler threads of all queues work in parallel.
+ * with NR_BUCKET_LOCKS mutexes; chunk allocation takes one mutex to take
+ * a write's run of consecutive chunks or to give chunks back.  Hashing,
+ * compression of zeros and the data I/O run outside every lock, so
+ * handler threads of all queues work in parallel.
  * A commit holds off map changes only while it copies the dirty map pages
  * (memcpy), never across its I/O.
  */
