@@ -19,6 +19,7 @@ import re
 import shutil
 import struct
 import subprocess
+import threading
 import time
 import zlib
 from pathlib import Path
@@ -26,6 +27,7 @@ from pathlib import Path
 import pytest
 
 import hybd_uapi as uapi
+from hybdbpf import settle
 from hybdlib import (LONG, REPO, T_IO, assert_data, device_ids, direct_read,
                      direct_write, fio_verify, first_difference, hybdctl,
                      info, need_built, pattern, reap, run, stack_of,
@@ -692,6 +694,67 @@ def test_dedup_mapped_reads_are_remapped_to_the_store(dedup):
     assert st["remapped_reads"] >= blocks * 2, st
     s = info(srv.dev)["stats"]
     assert s["slow_errors"] == 0 and s["fast_errors"] == 0, s
+    srv.stop()
+    dedup.check_clean(store)
+
+
+@pytest.mark.parametrize("fast_path", ["on"], indirect=True)
+def test_dedup_large_sequential_reads_of_new_data_are_remapped(dedup):
+    """New data written in large requests lies in the store as on the
+    device, each write request's chunks one after the other, even when the
+    handler threads of both queues write at once: every 128 KiB read of it
+    is remapped whole in the kernel (issue 23: none was, the chunks of
+    requests written at once interleaved), and a 1 MiB read of a 1 MiB
+    write is one remap too on a device that takes 1 MiB requests."""
+    store = dedup.format("store", "64M")
+    srv = dedup.serve(store, "--queues", str(QUEUES), "--max-io", "1M",
+                      "--depth", "16")
+    size, piece, writers = 2 * MiB, 128 << 10, 4
+    data = os.urandom(size)
+    # 4 writers, 128 KiB requests (what the block layer makes of a 1 MiB
+    # write on a device of 128 KiB requests, dedup's default), 4 at once
+    errors = []
+
+    def writer(first):
+        try:
+            for off in range(first * piece, size, writers * piece):
+                direct_write(srv.dev, off, data[off:off + piece])
+        except Exception as e:      # reported below, in the test's thread
+            errors.append(e)
+    threads = [threading.Thread(target=writer, args=(i,))
+               for i in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    settle()
+
+    before, b0 = info(srv.dev)["stats"], dedup_bss(srv.dev)
+    for off in range(0, size, piece):
+        got = direct_read(srv.dev, off, piece)
+        assert got == data[off:off + piece], (
+            f"128 KiB at {off}: first difference at byte "
+            f"{first_difference(got, data[off:off + piece])}")
+    after, b1 = info(srv.dev)["stats"], dedup_bss(srv.dev)
+    reads = size // piece
+    assert after["remapped"] - before["remapped"] == reads, (
+        f"{after['remapped'] - before['remapped']} of {reads} 128 KiB "
+        f"reads remapped; the program: {b1}")
+    assert after["slow_issued"] == before["slow_issued"], after
+    assert b1["remap_hits"] - b0["remap_hits"] == reads, b1
+
+    # one request of 1 MiB is one run, and its read one remap (the
+    # program checks every block of it, beyond its 32-block cache bound)
+    more = os.urandom(MiB)
+    direct_write(srv.dev, size, more)
+    settle()
+    before = info(srv.dev)["stats"]
+    assert direct_read(srv.dev, size, MiB) == more
+    after = info(srv.dev)["stats"]
+    assert after["remapped"] - before["remapped"] == 1, after
+    assert after["slow_issued"] == before["slow_issued"], after
+    assert after["fast_errors"] == 0 and after["slow_errors"] == 0, after
     srv.stop()
     dedup.check_clean(store)
 

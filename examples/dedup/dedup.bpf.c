@@ -9,9 +9,11 @@
  * is either known to read as zeros (dedup_zero, kept exact by the slow
  * path) or held by the cache with its current version stamp.  A read whose
  * blocks are all stored, in chunks that lie one after the other in the
- * store (dedup_chunk, kept exact by the slow path too), is remapped: the
- * kernel reads it straight from the store, registered as backing target
- * 0.  Anything else goes to the slow path.  Successful reads, served by
+ * store (dedup_chunk, kept exact by the slow path too, which gives the new
+ * blocks of each write consecutive chunks), is remapped: the kernel reads
+ * it straight from the store, registered as backing target 0 -- up to
+ * DEDUP_MAX_REMAP blocks, hybd's largest request.  Anything else goes to
+ * the slow path.  Successful reads, served by
  * the slow path or a remap, fill the cache in complete().  Writes, discards and write-zeroes always go to the slow
  * path: they bump the blocks' versions (submit and complete) and drop
  * their cached copies, and a write whose payload is all zeros is handed
@@ -26,7 +28,13 @@
 
 char LICENSE[] SEC("license") = "GPL";
 
-#define DEDUP_MAX_BLOCKS	32	/* 128 KiB: the largest read served */
+#define DEDUP_MAX_BLOCKS	32	/* 128 KiB: the largest read served here */
+/*
+ * The largest read remapped: hybd's largest request (1 MiB), so that a
+ * device made with a larger max_io_bytes than dedup serve's 128 KiB still
+ * has its large reads of one extent read by the kernel.
+ */
+#define DEDUP_MAX_REMAP		(HYBD_MAX_IO_BYTES / HYBD_BLOCK_SIZE)
 
 #ifndef DEDUP_CACHE_SLOTS
 #define DEDUP_CACHE_SLOTS	8192	/* 32 MiB of data */
@@ -137,16 +145,19 @@ static __always_inline __u64 dedup_stamp(__u64 first, __u64 count)
 
 /*
  * The store offset of a read whose blocks are all stored in consecutive
- * chunks, or 0.
+ * chunks, or 0.  Every block of the read is looked at, up to
+ * DEDUP_MAX_REMAP (a larger read is never passed here): a read of more
+ * would remap data the loop did not check.
  */
 static __always_inline __u64 dedup_extent(__u64 first, __u64 count)
 {
 	__u64 start = 0, i, *off;
 	__u32 key;
 
-	if (first + count > 0xffffffffULL)
+	if (first + count > 0xffffffffULL || !count ||
+	    count > DEDUP_MAX_REMAP)
 		return 0;
-	for (i = 0; i < DEDUP_MAX_BLOCKS && i < count; i++) {
+	for (i = 0; i < DEDUP_MAX_REMAP && i < count; i++) {
 		key = first + i;
 		off = bpf_map_lookup_elem(&dedup_chunk, &key);
 		if (!off || !*off)
@@ -171,6 +182,9 @@ static __always_inline int dedup_read(struct hybd_bpf_io *io)
 	dedup_count(reads);
 	if (!hybd_io_read_blocks(io, DEDUP_MAX_BLOCKS, &first, &count)) {
 		io->scratch = 0;	/* never filled */
+		/* too large for holes and the cache, not for a remap */
+		if (hybd_io_read_blocks(io, DEDUP_MAX_REMAP, &first, &count))
+			goto remap;
 		goto miss;
 	}
 
@@ -217,6 +231,7 @@ static __always_inline int dedup_read(struct hybd_bpf_io *io)
 pass:
 	/* before the slow path can read anything: see dedup_stamp() */
 	io->scratch = dedup_stamp(first, count);
+remap:
 	store_off = dedup_extent(first, count);
 	if (store_off && !hybd_bpf_io_remap(io, DEDUP_STORE, store_off)) {
 		dedup_count(remap_hits);

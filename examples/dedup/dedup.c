@@ -5,8 +5,8 @@
  *
  *   dedup format --size SIZE [--force] STORE
  *   dedup serve [--queues N] [--depth N] [--threads N] [--id N]
- *               [--io-timeout SECONDS] [--bpf PROG.bpf.o | --no-fast-path]
- *               [--no-remap] STORE
+ *               [--max-io SIZE] [--io-timeout SECONDS]
+ *               [--bpf PROG.bpf.o | --no-fast-path] [--no-remap] STORE
  *   dedup check STORE
  *   dedup status [--json] /dev/hybdN | STORE
  *
@@ -142,17 +142,19 @@ static int dedup_write(struct hybd_io *io, const void *buf, uint64_t off,
 		       uint32_t len)
 {
 	struct server *sv = hybd_io_priv(io);
-	uint32_t i;
 	int ret;
 
 	atomic_fetch_add(&sv->slow_writes, 1);
-	for (i = 0; i < len / DD_BLOCK_SIZE; i++) {
-		ret = dd_write(sv->s, (off >> DD_BLOCK_SHIFT) + i,
-			       (const char *)buf + (size_t)i * DD_BLOCK_SIZE);
-		if (ret) {
-			report(sv, "write", ret);
-			return ret;
-		}
+	/*
+	 * The request's blocks at once: their new contents get consecutive
+	 * chunks, so that reading them back is one remap (dedup.bpf.c), even
+	 * while the other handler threads write too.
+	 */
+	ret = dd_write_extent(sv->s, off >> DD_BLOCK_SHIFT,
+			      len >> DD_BLOCK_SHIFT, buf);
+	if (ret) {
+		report(sv, "write", ret);
+		return ret;
 	}
 	return hybd_io_flags(io) & HYBD_IO_F_FUA ? commit(sv) : 0;
 }
@@ -508,7 +510,8 @@ static char *default_bpf(void)
 
 static const char serve_usage[] =
 	"usage: dedup serve [--queues N] [--depth N] [--threads N] [--id N]\n"
-	"                   [--io-timeout SECONDS] [--bpf PROG.bpf.o | --no-fast-path]\n"
+	"                   [--max-io SIZE] [--io-timeout SECONDS]\n"
+	"                   [--bpf PROG.bpf.o | --no-fast-path]\n"
 	"                   [--no-remap]\n"
 	"                   STORE\n";
 
@@ -520,6 +523,7 @@ static int cmd_serve(int argc, char **argv)
 		{ "threads", required_argument, NULL, 'T' },
 		{ "id", required_argument, NULL, 'i' },
 		{ "io-timeout", required_argument, NULL, 't' },
+		{ "max-io", required_argument, NULL, 'm' },
 		{ "bpf", required_argument, NULL, 'b' },
 		{ "no-fast-path", no_argument, NULL, 'n' },
 		{ "no-remap", no_argument, NULL, 'R' },
@@ -545,6 +549,7 @@ static int cmd_serve(int argc, char **argv)
 		case 'T': cfg.queue_threads = number("serve", name, optarg); break;
 		case 'i': cfg.dev_id = number("serve", name, optarg); break;
 		case 't': cfg.io_timeout = number("serve", name, optarg); break;
+		case 'm': cfg.max_io_bytes = number("serve", name, optarg); break;
 		case 'b': sv.bpf_path = optarg; sv.bpf_required = true; break;
 		case 'n': fast = false; break;
 		case 'R': sv.no_remap = true; break;

@@ -30,9 +30,10 @@
  * Concurrency: a block's map entry changes under one of NR_STRIPES
  * rwlocks (readers hold it across their pread, so the chunk they read
  * cannot be freed and reused under them); the index is split into buckets
- * with NR_BUCKET_LOCKS mutexes; chunk allocation takes one mutex for a
- * push or a pop.  Hashing, compression of zeros and the data I/O run
- * outside every lock, so handler threads of all queues work in parallel.
+ * with NR_BUCKET_LOCKS mutexes; chunk allocation takes one mutex to take
+ * a write's run of consecutive chunks or to give chunks back.  Hashing,
+ * compression of zeros and the data I/O run outside every lock, so
+ * handler threads of all queues work in parallel.
  * A commit holds off map changes only while it copies the dirty map pages
  * (memcpy), never across its I/O.
  */
@@ -71,6 +72,8 @@
  * full, rather than growing the store file.
  */
 #define RECLAIM_MIN		1024
+/* how far below its top the free stack is searched for a run */
+#define RUN_SCAN		4096
 #define IO_PIECE		(1U << 20)
 
 /* The superblock, little-endian, at offset 0. */
@@ -488,7 +491,11 @@ static void chunk_put(struct dd_store *s, uint32_t c)
 
 /* ---- allocation ---- */
 
-/* A chunk no map entry ever pointed to goes straight back. */
+/*
+ * A chunk no map entry ever pointed to goes straight back, on top of the
+ * free stack, out of its order (a run given back goes highest first, so
+ * that the next write finds it whole on top).
+ */
 static void chunk_unused(struct dd_store *s, uint32_t c)
 {
 	pthread_mutex_lock(&s->alloc_lock);
@@ -497,42 +504,124 @@ static void chunk_unused(struct dd_store *s, uint32_t c)
 }
 
 /*
- * A free chunk: one freed by a completed commit, else a new one at the end
- * of the data area, unless many freed chunks wait for a commit (or the
- * area is full): then commit, which frees them, rather than grow.  Chunks
- * waiting in either pending list (the one a commit is writing out now
- * included) count: committing waits for that commit, and so frees them.
+ * Take the first run of @want consecutive free chunks from the free stack
+ * (nr_free > 0), looking from the top down as far as RUN_SCAN entries, or
+ * the longest run there if none is that long; with alloc_lock held.  The
+ * stack is kept in order, highest id at the bottom (load_chunks(),
+ * free_merge()), so a run is a stretch of it, lowest id uppermost.
+ * RETURN VALUE: how many it took, the first in *@first.
  */
-static int chunk_alloc(struct dd_store *s, uint32_t *out)
+static uint32_t take_run(struct dd_store *s, uint32_t want, uint32_t *first)
 {
-	bool grown_once = false;
-	uint64_t pend, waiting;
+	uint32_t *st = s->free_stack;
+	uint64_t lo = s->nr_free > RUN_SCAN ? s->nr_free - RUN_SCAN : 0;
+	uint64_t top = s->nr_free - 1, bottom, best = top, best_len = 0, len;
+
+	for (;;) {
+		/* st[bottom..top] holds ids st[top], st[top] + 1, ... */
+		for (bottom = top; bottom > lo && top - bottom + 1 < want &&
+		     st[bottom - 1] == st[bottom] + 1; bottom--)
+			;
+		len = top - bottom + 1;
+		if (len > best_len) {
+			best_len = len;
+			best = top;
+		}
+		if (len >= want || bottom <= lo)
+			break;
+		top = bottom - 1;
+	}
+	*first = st[best];
+	/* the run is st[best - best_len + 1..best]: close the gap */
+	memmove(st + best - best_len + 1, st + best + 1,
+		(s->nr_free - best - 1) * sizeof(*st));
+	s->nr_free -= best_len;
+	return best_len;
+}
+
+/*
+ * Push @n freed chunks, highest id first in @batch, onto the free stack,
+ * merged into its order (highest at the bottom): chunks freed side by
+ * side by different commits come together again.  With alloc_lock held;
+ * it moves only the entries below the highest of @batch.
+ */
+static void free_merge(struct dd_store *s, const uint32_t *batch, uint64_t n)
+{
+	uint32_t *st = s->free_stack;
+	uint64_t i = s->nr_free, k = s->nr_free + n;
+
+	s->nr_free = k;
+	/* from the top down, the lower of the two uppermost goes up */
+	while (n) {
+		if (i && st[i - 1] < batch[n - 1])
+			st[--k] = st[--i];
+		else
+			st[--k] = batch[--n];
+	}
+}
+
+/*
+ * Up to @want free chunks with consecutive ids, the first in *@first, so
+ * that the blocks of one write that need new chunks lie one after the
+ * other in the store, as a remapped read of them needs (dedup.bpf.c).
+ * Freed chunks are reused before the data area grows, as ever:
+ *
+ *  - free chunks, the first run of @want found near the top of the free
+ *    stack, else the longest there (take_run()); if that takes the last
+ *    one and the run ends where the never-used chunks begin, it goes on
+ *    there;
+ *  - else never-used chunks from next_new, unless many freed chunks wait
+ *    for a commit (or the area is full): then commit, which frees them,
+ *    rather than grow.  Chunks waiting in either pending list (the one a
+ *    commit is writing out now included) count: committing waits for
+ *    that commit, and so frees them.
+ *
+ * Everything is taken in one hold of alloc_lock: writers running at once
+ * get runs of their own, never chunks interleaved with each other's.  A
+ * fragmented free stack gives short runs (a single chunk at worst): the
+ * caller asks again for the rest.
+ * RETURN VALUE: how many (1..@want), or a negative errno.
+ */
+static int chunk_alloc_run(struct dd_store *s, uint32_t want, uint32_t *first)
+{
+	bool grown_once = false, grow;
+	uint64_t pend, waiting, n;
 	int ret;
 
 	for (;;) {
 		pthread_mutex_lock(&s->alloc_lock);
-		if (s->nr_free) {
-			*out = s->free_stack[--s->nr_free];
-			pthread_mutex_unlock(&s->alloc_lock);
-			return 0;
-		}
 		pend = s->nr_pending[s->cur];
 		waiting = pend + s->nr_pending[s->cur ^ 1];
-		if (s->next_new <= s->nr_chunks &&
-		    (pend < RECLAIM_MIN || grown_once)) {
-			*out = s->next_new++;
+		grow = s->next_new <= s->nr_chunks &&
+		       (pend < RECLAIM_MIN || grown_once);
+		if (s->nr_free) {
+			n = take_run(s, want, first);
+		} else if (grow) {
+			*first = s->next_new;
+			n = 0;
+		} else {
 			pthread_mutex_unlock(&s->alloc_lock);
-			return 0;
+			if (!waiting)
+				return fail(-ENOSPC, "the store is full: all %" PRIu64
+					    " chunks are in use", s->nr_chunks);
+			/* each round commits: every freed chunk is free after it */
+			ret = dd_commit(s);
+			if (ret)
+				return ret;
+			grown_once = true;
+			continue;
+		}
+		if (n < want && !s->nr_free && grow &&
+		    *first + n == s->next_new) {
+			uint64_t more = s->nr_chunks + 1 - s->next_new;
+
+			if (more > want - n)
+				more = want - n;
+			s->next_new += more;
+			n += more;
 		}
 		pthread_mutex_unlock(&s->alloc_lock);
-		if (!waiting)
-			return fail(-ENOSPC, "the store is full: all %" PRIu64
-				    " chunks are in use", s->nr_chunks);
-		/* each round commits: every freed chunk is free after it */
-		ret = dd_commit(s);
-		if (ret)
-			return ret;
-		grown_once = true;
+		return n;
 	}
 }
 
@@ -605,50 +694,188 @@ static int refuse_failed(void)
 	return fail(-EIO, "the store could not be synced earlier: it takes no change until it is opened again (restart the server)");
 }
 
-int dd_write(struct dd_store *s, uint64_t blk, const void *buf)
+/* What each block of a write becomes (write_piece()). */
+enum {
+	W_HOLE,		/* zeros: no chunk */
+	W_FOUND,	/* stored already: a reference taken */
+	W_NEW,		/* new content: a chunk of the write's run */
+	W_SAME,		/* the same new content as an earlier block of it */
+};
+
+/* the blocks of a write handled at once: 1 MiB, hybd's largest request */
+#define PIECE_BLOCKS	256
+
+struct piece {
+	uint8_t kind[PIECE_BLOCKS];
+	uint32_t chunk[PIECE_BLOCKS];	/* W_SAME: the earlier block's index */
+	uint8_t hash[PIECE_BLOCKS][DD_HASH_SIZE];
+};
+
+/* One more reference to chunk @c, of which the caller holds one. */
+static void chunk_ref(struct dd_store *s, uint32_t c)
 {
-	uint8_t h[DD_HASH_SIZE];
-	uint32_t c, found;
+	pthread_mutex_t *lock = bucket_lock_of(s, hash_key(s->hash[c]) &
+					       s->bucket_mask);
+
+	pthread_mutex_lock(lock);
+	s->ref[c]++;
+	pthread_mutex_unlock(lock);
+}
+
+/*
+ * A write failed before any of its blocks was mapped: drop the references
+ * it took and give back the chunks it took (highest first, so that a run
+ * goes back whole, lowest on top).
+ */
+static void piece_undo(struct dd_store *s, struct piece *p, uint32_t n)
+{
+	uint32_t i;
+
+	for (i = n; i-- > 0;) {
+		if (p->kind[i] == W_FOUND) {
+			pthread_rwlock_rdlock(&s->commit_lock);
+			chunk_put(s, p->chunk[i]);
+			pthread_rwlock_unlock(&s->commit_lock);
+		} else if (p->kind[i] == W_NEW && p->chunk[i]) {
+			chunk_unused(s, p->chunk[i]);
+		}
+	}
+}
+
+/*
+ * Blocks @blk..@blk + @n - 1 (@n <= PIECE_BLOCKS), in three steps, none
+ * under a lock across its I/O or hashing:
+ *
+ *  1. hash every block and look its content up (a reference taken when
+ *     found); zeros become holes;
+ *  2. take chunks for the new contents, one run of consecutive chunks
+ *     for all of them when the allocator has one (chunk_alloc_run()),
+ *     and write content and hash to each -- rule 1: before anything
+ *     points there;
+ *  3. make the new chunks findable, then point the map entries at their
+ *     chunks, block by block in order.
+ *
+ * So a write of new data lies in the store as it lies on the device,
+ * whatever other writers do meanwhile, and a read of it can be remapped
+ * whole.  A failure before step 3 maps nothing and gives back all it took.
+ */
+static int write_piece(struct dd_store *s, uint64_t blk, uint32_t n,
+		       const char *buf, struct piece *p)
+{
+	uint32_t i, j, c, first = 0, nr_new = 0;
+	int ret;
+
+	for (i = 0; i < n; i++) {
+		const char *src = buf + (size_t)i * DD_BLOCK_SIZE;
+
+		p->chunk[i] = 0;
+		if (all_zero(src)) {
+			p->kind[i] = W_HOLE;
+			continue;
+		}
+		if (!EVP_Digest(src, DD_BLOCK_SIZE, p->hash[i], NULL, s->md,
+				NULL)) {
+			piece_undo(s, p, i);
+			return fail(-EIO, "SHA-256 failed");
+		}
+		c = index_get(s, p->hash[i]);
+		if (c) {
+			p->kind[i] = W_FOUND;
+			p->chunk[i] = c;
+			continue;
+		}
+		/* the same new content twice in one write is stored once */
+		for (j = 0; j < i; j++)
+			if (p->kind[j] == W_NEW &&
+			    !memcmp(p->hash[j], p->hash[i], DD_HASH_SIZE))
+				break;
+		p->kind[i] = j < i ? W_SAME : W_NEW;
+		p->chunk[i] = j < i ? j : 0;
+		nr_new += j == i;
+	}
+
+	for (i = 0; nr_new;) {
+		ret = chunk_alloc_run(s, nr_new, &first);
+		if (ret < 0) {
+			piece_undo(s, p, n);
+			return ret;
+		}
+		for (; ret; i++)
+			if (p->kind[i] == W_NEW) {
+				p->chunk[i] = first++;
+				ret--;
+				nr_new--;
+			}
+	}
+	/* rule 1: content and hash are on disk before anything points there */
+	for (i = 0; i < n; i++) {
+		if (p->kind[i] != W_NEW)
+			continue;
+		c = p->chunk[i];
+		ret = pwrite_full(s->fd, buf + (size_t)i * DD_BLOCK_SIZE,
+				  DD_BLOCK_SIZE, chunk_off(s, c));
+		if (!ret)
+			ret = pwrite_full(s->fd, p->hash[i], DD_HASH_SIZE,
+					  s->table_off +
+					  (uint64_t)(c - 1) * DD_HASH_SIZE);
+		if (ret) {
+			piece_undo(s, p, n);
+			return fail(ret, "block %" PRIu64 ": writing chunk %u: %s",
+				    blk + i, c, strerror(-ret));
+		}
+	}
+
+	/* every reference the map entries need is held before the first */
+	for (i = 0; i < n; i++) {
+		if (p->kind[i] == W_NEW) {
+			c = index_insert(s, p->hash[i], p->chunk[i]);
+			if (c != p->chunk[i]) {
+				/* another writer stored it meanwhile */
+				chunk_unused(s, p->chunk[i]);
+				atomic_fetch_add(&s->dedup_hits, 1);
+				p->chunk[i] = c;
+			}
+		} else if (p->kind[i] == W_SAME) {
+			p->chunk[i] = p->chunk[p->chunk[i]];
+			chunk_ref(s, p->chunk[i]);
+			atomic_fetch_add(&s->dedup_hits, 1);
+		} else if (p->kind[i] == W_FOUND) {
+			atomic_fetch_add(&s->dedup_hits, 1);
+		} else {
+			atomic_fetch_add(&s->zero_writes, 1);
+		}
+	}
+	for (i = 0; i < n; i++)
+		map_set(s, blk + i, p->chunk[i]);
+	return 0;
+}
+
+int dd_write_extent(struct dd_store *s, uint64_t blk, uint64_t count,
+		    const void *buf)
+{
+	struct piece p;
+	uint64_t done;
+	uint32_t n;
 	int ret;
 
 	if (atomic_load(&s->failed))
 		return refuse_failed();
-	if (blk >= s->nr_blocks)
-		return fail(-EINVAL, "block %" PRIu64 " is past the end", blk);
-	if (all_zero(buf)) {
-		atomic_fetch_add(&s->zero_writes, 1);
-		map_set(s, blk, 0);
-		return 0;
+	if (blk >= s->nr_blocks || count > s->nr_blocks - blk)
+		return fail(-EINVAL, "blocks %" PRIu64 "+%" PRIu64
+			    " are past the end", blk, count);
+	for (done = 0; done < count; done += n) {
+		n = count - done < PIECE_BLOCKS ? count - done : PIECE_BLOCKS;
+		ret = write_piece(s, blk + done, n, (const char *)buf +
+				  done * DD_BLOCK_SIZE, &p);
+		if (ret)
+			return ret;
 	}
-	if (!EVP_Digest(buf, DD_BLOCK_SIZE, h, NULL, s->md, NULL))
-		return fail(-EIO, "SHA-256 failed");
-
-	c = index_get(s, h);
-	if (c) {
-		atomic_fetch_add(&s->dedup_hits, 1);
-		map_set(s, blk, c);
-		return 0;
-	}
-	ret = chunk_alloc(s, &c);
-	if (ret)
-		return ret;
-	/* rule 1: content and hash are on disk before anything points there */
-	ret = pwrite_full(s->fd, buf, DD_BLOCK_SIZE, chunk_off(s, c));
-	if (!ret)
-		ret = pwrite_full(s->fd, h, DD_HASH_SIZE,
-				  s->table_off + (uint64_t)(c - 1) * DD_HASH_SIZE);
-	if (ret) {
-		chunk_unused(s, c);
-		return fail(ret, "block %" PRIu64 ": writing chunk %u: %s",
-			    blk, c, strerror(-ret));
-	}
-	found = index_insert(s, h, c);
-	if (found != c) {
-		chunk_unused(s, c);
-		atomic_fetch_add(&s->dedup_hits, 1);
-	}
-	map_set(s, blk, found);
 	return 0;
+}
+
+int dd_write(struct dd_store *s, uint64_t blk, const void *buf)
+{
+	return dd_write_extent(s, blk, 1, buf);
 }
 
 int dd_write_hole(struct dd_store *s, uint64_t blk, uint64_t count)
@@ -730,6 +957,13 @@ static int snap_room(uint32_t **snap, uint64_t **pages, uint64_t *room,
 		return fail(-ENOMEM, "commit: out of memory");
 	*room = n;
 	return 0;
+}
+
+static int chunk_id_desc(const void *a, const void *b)
+{
+	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+
+	return x < y ? 1 : x > y ? -1 : 0;
 }
 
 int dd_commit(struct dd_store *s)
@@ -820,11 +1054,17 @@ int dd_commit(struct dd_store *s)
 		atomic_fetch_add(&s->commits, 1);
 		goto keep_pending;
 	}
-	/* rule 3: what this commit freed may be reused from now on */
+	/*
+	 * rule 3: what this commit freed may be reused from now on, merged
+	 * into the free stack's order, so that chunks freed side by side are
+	 * reused as a run (chunk_alloc_run()), not in the reverse of the
+	 * order they were freed in.  Sorted outside alloc_lock: only this
+	 * commit touches pending[old] now, writers free into pending[cur].
+	 */
+	qsort(s->pending[old], s->nr_pending[old], sizeof(uint32_t),
+	      chunk_id_desc);
 	pthread_mutex_lock(&s->alloc_lock);
-	memcpy(s->free_stack + s->nr_free, s->pending[old],
-	       s->nr_pending[old] * sizeof(uint32_t));
-	s->nr_free += s->nr_pending[old];
+	free_merge(s, s->pending[old], s->nr_pending[old]);
 	s->nr_pending[old] = 0;
 	pthread_mutex_unlock(&s->alloc_lock);
 	atomic_fetch_add(&s->commits, 1);

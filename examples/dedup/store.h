@@ -94,12 +94,21 @@ uint64_t dd_block_offset(struct dd_store *s, uint64_t blk);
 int dd_fd(const struct dd_store *s);
 
 /*
- * Block I/O, one block at a time, from any thread.  A write of zeros
- * makes a hole; dd_write_hole() makes holes of a range (discard,
- * write-zeroes).  None of them is durable before the next dd_commit().
+ * Block I/O, from any thread.  A write of zeros makes a hole;
+ * dd_write_hole() makes holes of a range (discard, write-zeroes).  None
+ * of them is durable before the next dd_commit().
+ *
+ * dd_write_extent() writes @count blocks from @blk, one request's: the
+ * blocks whose content is new get consecutive chunks, in the order of the
+ * blocks, whenever the free chunks allow (always on a store that has not
+ * had chunks freed), whatever other writers do meanwhile, so that a read
+ * of the same blocks is one extent of the store (the fast path remaps
+ * only such reads).  dd_write() is a write of one block.
  */
 int dd_read(struct dd_store *s, uint64_t blk, void *buf);
 int dd_write(struct dd_store *s, uint64_t blk, const void *buf);
+int dd_write_extent(struct dd_store *s, uint64_t blk, uint64_t count,
+		    const void *buf);
 int dd_write_hole(struct dd_store *s, uint64_t blk, uint64_t count);
 
 /*

@@ -54,6 +54,13 @@ static bool is_store(int fd)
 	return store_ino && !fstat(fd, &st) && st.st_ino == store_ino;
 }
 
+/*
+ * And a write that fails, or a process that dies, at the store's pwrite()
+ * number fail_pwrite_at or die_pwrite_at (counted in pwrites since the
+ * simulation was turned on; 0: never).
+ */
+static unsigned int pwrites, fail_pwrite_at, die_pwrite_at;
+
 ssize_t __wrap_pwrite(int fd, const void *buf, size_t n, off_t off)
 {
 	off_t page;
@@ -61,6 +68,13 @@ ssize_t __wrap_pwrite(int fd, const void *buf, size_t n, off_t off)
 
 	if (!is_store(fd))
 		return __real_pwrite(fd, buf, n, off);
+	pwrites++;
+	if (pwrites == die_pwrite_at)
+		raise(SIGKILL);
+	if (pwrites == fail_pwrite_at) {
+		errno = ENOSPC;
+		return -1;
+	}
 	for (page = off / DD_BLOCK_SIZE * DD_BLOCK_SIZE; page < off + (off_t)n;
 	     page += DD_BLOCK_SIZE) {
 		for (i = 0; i < nr_dirty && dirty_pages[i].page != page; i++)
@@ -598,6 +612,7 @@ static void test_sync_failure(void)
 	CHECK(dd_write_hole(s, 0, 1) == -EIO, "a discard after it");
 	CHECK(dd_commit(s) == -EIO, "a commit after it");
 	store_ino = 0;
+	nr_dirty = 0;	/* no later test's power_loss() reverts this store's */
 	dd_close(s);
 	OK(dd_open(path, 0, &s));
 	pattern(buf, 1);
@@ -748,10 +763,341 @@ static void test_damage(void)
 	printf("ok damage\n");
 }
 
+/* The store's chunk id of block @blk (0: a hole). */
+static uint64_t chunk_of(struct dd_store *s, uint64_t blk)
+{
+	uint64_t off = dd_block_offset(s, blk);
+
+	return off ? (off - dd_block_offset(s, 0)) / DD_BLOCK_SIZE : UINT64_MAX;
+}
+
+/*
+ * How many of blocks @blk..+@n lie in consecutive chunks, in their order,
+ * from the first on.
+ */
+static uint64_t run_of(struct dd_store *s, uint64_t blk, uint64_t n)
+{
+	uint64_t first = dd_block_offset(s, blk), i;
+
+	for (i = 0; i < n; i++)
+		if (!first || dd_block_offset(s, blk + i) !=
+			      first + i * DD_BLOCK_SIZE)
+			break;
+	return i;
+}
+
+static bool consecutive(struct dd_store *s, uint64_t blk, uint64_t n)
+{
+	return run_of(s, blk, n) == n;
+}
+
+/* Every chunk is in use, free or pending, once. */
+static void check_chunks_add_up(struct dd_store *s, const char *when)
+{
+	struct dd_stats st;
+
+	dd_stats(s, &st);
+	CHECK(st.chunks_used + st.chunks_free + st.chunks_pending ==
+	      st.chunks_capacity, "%s: %" PRIu64 " used + %" PRIu64
+	      " free + %" PRIu64 " pending != %" PRIu64, when, st.chunks_used,
+	      st.chunks_free, st.chunks_pending, st.chunks_capacity);
+}
+
+/*
+ * 128 KiB writes of new data, as the server gets them: 4 handler threads
+ * of each of 2 queues write 32-block requests at once.  Each request's
+ * blocks lie in consecutive chunks of the store (what the fast path needs
+ * to remap a read of them), on a fresh store and when reusing freed
+ * chunks.  (With a chunk per block, as before, no request of 8 threads
+ * did, and no reused one even of one thread: the free stack gave freed
+ * chunks back in the reverse order.)
+ */
+#define EXT_BLOCKS	32
+#define EXT_THREADS	8
+#define EXT_COUNT	64	/* 8 MiB */
+
+struct extent_writer {
+	struct dd_store *s;
+	_Atomic unsigned int *next;
+	uint64_t gen;
+};
+
+static void *write_extents(void *arg)
+{
+	struct extent_writer *w = arg;
+	static __thread char buf[EXT_BLOCKS * DD_BLOCK_SIZE];
+	unsigned int e, i;
+
+	while ((e = (*w->next)++) < EXT_COUNT) {
+		for (i = 0; i < EXT_BLOCKS; i++)
+			pattern(buf + i * DD_BLOCK_SIZE,
+				w->gen + e * EXT_BLOCKS + i);
+		OK(dd_write_extent(w->s, (uint64_t)e * EXT_BLOCKS, EXT_BLOCKS,
+				   buf));
+	}
+	return NULL;
+}
+
+static void extents_generation(struct dd_store *s, uint64_t gen)
+{
+	struct extent_writer w[EXT_THREADS];
+	pthread_t t[EXT_THREADS];
+	_Atomic unsigned int next = 0;
+	char got[DD_BLOCK_SIZE];
+	unsigned int i;
+	uint64_t blk;
+
+	for (i = 0; i < EXT_THREADS; i++) {
+		w[i] = (struct extent_writer){ s, &next, gen };
+		pthread_create(&t[i], NULL, write_extents, &w[i]);
+	}
+	for (i = 0; i < EXT_THREADS; i++)
+		pthread_join(t[i], NULL);
+	for (i = 0; i < EXT_COUNT; i++) {
+		uint64_t n = run_of(s, i * EXT_BLOCKS, EXT_BLOCKS);
+
+		CHECK(n == EXT_BLOCKS, "generation %" PRIu64 ": request %u is "
+		      "not one extent: block %" PRIu64 " at chunk %" PRIu64
+		      ", block %" PRIu64 " at chunk %" PRIu64, gen, i,
+		      i * EXT_BLOCKS + n - 1,
+		      chunk_of(s, i * EXT_BLOCKS + n - 1), i * EXT_BLOCKS + n,
+		      chunk_of(s, i * EXT_BLOCKS + n));
+	}
+	for (blk = 0; blk < EXT_COUNT * EXT_BLOCKS; blk++) {
+		OK(dd_read(s, blk, got));
+		CHECK(content_of(got) == gen + blk, "generation %" PRIu64
+		      " block %" PRIu64 ": content %" PRIu64, gen, blk,
+		      content_of(got));
+	}
+}
+
+static void test_extents(void)
+{
+	const uint64_t blocks = EXT_COUNT * EXT_BLOCKS;
+	char buf[EXT_BLOCKS * DD_BLOCK_SIZE], got[DD_BLOCK_SIZE];
+	struct dd_store *s = fresh(blocks + 64);
+	struct dd_stats st, st0;
+	uint64_t i, c;
+
+	extents_generation(s, 0);
+	OK(dd_commit(s));
+	/*
+	 * overwritten: new chunks, then (once RECLAIM_MIN wait) the old ones
+	 * a writer's commit frees
+	 */
+	extents_generation(s, 100000);
+	OK(dd_commit(s));
+	/*
+	 * and reused, as runs again (whether the store grows meanwhile, up to
+	 * RECLAIM_MIN chunks, depends on when the writers find the free
+	 * chunks gone: test_accounting checks the policy)
+	 */
+	extents_generation(s, 200000);
+	OK(dd_commit(s));
+	dd_stats(s, &st);
+	CHECK(st.chunks_used == blocks && st.mapped_blocks == blocks,
+	      "used %" PRIu64 " mapped %" PRIu64, st.chunks_used,
+	      st.mapped_blocks);
+	check_chunks_add_up(s, "after the generations");
+
+	/*
+	 * One request of everything: a duplicate of stored content (block
+	 * 0's), zeros, new content twice, new content: the new contents
+	 * take consecutive chunks in the order of their first blocks, the
+	 * rest take none.
+	 */
+	dd_stats(s, &st0);
+	for (i = 0; i < EXT_BLOCKS; i++)
+		pattern(buf + i * DD_BLOCK_SIZE, 900000 + i);
+	pattern(buf + 3 * DD_BLOCK_SIZE, 200000);	/* block 0's */
+	memset(buf + 5 * DD_BLOCK_SIZE, 0, 2 * DD_BLOCK_SIZE);
+	pattern(buf + 9 * DD_BLOCK_SIZE, 900000 + 8);	/* as block 8 */
+	OK(dd_write_extent(s, blocks, EXT_BLOCKS, buf));
+	dd_stats(s, &st);
+	CHECK(st.chunks_used == st0.chunks_used + EXT_BLOCKS - 4 &&
+	      st.dedup_hits == st0.dedup_hits + 2 &&
+	      st.zero_writes == st0.zero_writes + 2,
+	      "mixed: %" PRIu64 " new chunks, %" PRIu64 " hits, %" PRIu64
+	      " zeros", st.chunks_used - st0.chunks_used,
+	      st.dedup_hits - st0.dedup_hits,
+	      st.zero_writes - st0.zero_writes);
+	CHECK(chunk_of(s, blocks + 3) == chunk_of(s, 0) &&
+	      chunk_of(s, blocks + 9) == chunk_of(s, blocks + 8) &&
+	      dd_is_hole(s, blocks + 5) && dd_is_hole(s, blocks + 6),
+	      "mixed: duplicates and zeros");
+	for (i = 0, c = chunk_of(s, blocks); i < EXT_BLOCKS; i++) {
+		if (i == 3 || i == 5 || i == 6 || i == 9)
+			continue;
+		CHECK(chunk_of(s, blocks + i) == c, "mixed: block %" PRIu64
+		      " at chunk %" PRIu64 ", not %" PRIu64, i,
+		      chunk_of(s, blocks + i), c);
+		c++;
+	}
+	for (i = 0; i < EXT_BLOCKS; i++) {
+		OK(dd_read(s, blocks + i, got));
+		CHECK(!memcmp(got, buf + i * DD_BLOCK_SIZE, DD_BLOCK_SIZE),
+		      "mixed: block %" PRIu64, i);
+	}
+	check_chunks_add_up(s, "after the mixed request");
+	OK(dd_commit(s));
+	dd_close(s);
+	CHECK(check_clean() == 0, "check after the extents");
+	printf("ok extents\n");
+}
+
+/*
+ * A run taken and not used.  In the server: a write that fails (here the
+ * 20th of its 64 chunk writes, ENOSPC) maps nothing, drops the references
+ * it took and gives back every chunk of its run, which the next write
+ * takes whole again.  In a crash: a process killed in the middle of
+ * writing a run (its chunks written, nothing pointing at them) leaves a
+ * store that opens with every chunk either in use by the committed map or
+ * free -- none lost, none used twice -- and checks clean.
+ */
+static void test_run_unused(void)
+{
+	const uint64_t blocks = 256;
+	char buf[EXT_BLOCKS * DD_BLOCK_SIZE], got[DD_BLOCK_SIZE];
+	struct dd_store *s = fresh(blocks);
+	struct dd_stats st0, st;
+	unsigned int round;
+	uint64_t i, first;
+	struct stat fst;
+	pid_t pid;
+	int status;
+
+	for (i = 0; i < EXT_BLOCKS; i++)
+		pattern(buf + i * DD_BLOCK_SIZE, i);
+	OK(dd_write_extent(s, 0, EXT_BLOCKS, buf));
+	OK(dd_commit(s));
+	/* a failed write: block 0 a duplicate, the rest new */
+	for (i = 1; i < EXT_BLOCKS; i++)
+		pattern(buf + i * DD_BLOCK_SIZE, 1000 + i);
+	dd_stats(s, &st0);
+	CHECK(!stat(path, &fst), "stat");
+	store_ino = fst.st_ino;
+	pwrites = 0;
+	fail_pwrite_at = 20;
+	CHECK(dd_write_extent(s, EXT_BLOCKS, EXT_BLOCKS, buf) == -ENOSPC,
+	      "the write fails: %s", dd_errmsg());
+	fail_pwrite_at = 0;
+	/* off, and nothing of this store is lost by a later power_loss() */
+	store_ino = 0;
+	nr_dirty = 0;
+	dd_stats(s, &st);
+	CHECK(st.chunks_used == st0.chunks_used &&
+	      st.chunks_free == st0.chunks_free &&
+	      st.chunks_pending == st0.chunks_pending &&
+	      st.mapped_blocks == st0.mapped_blocks,
+	      "a failed write changed the accounting: used %" PRIu64
+	      " free %" PRIu64 " pending %" PRIu64 " mapped %" PRIu64,
+	      st.chunks_used, st.chunks_free, st.chunks_pending,
+	      st.mapped_blocks);
+	for (i = EXT_BLOCKS; i < 2 * EXT_BLOCKS; i++)
+		CHECK(dd_is_hole(s, i), "block %" PRIu64 " mapped by a failed write", i);
+	OK(dd_write_extent(s, EXT_BLOCKS, EXT_BLOCKS, buf));
+	CHECK(consecutive(s, EXT_BLOCKS + 1, EXT_BLOCKS - 1) &&
+	      chunk_of(s, EXT_BLOCKS + 1) == EXT_BLOCKS,
+	      "the run given back is taken again whole: block %d at chunk %"
+	      PRIu64, EXT_BLOCKS + 1, chunk_of(s, EXT_BLOCKS + 1));
+	OK(dd_commit(s));
+	check_chunks_add_up(s, "after the failed write");
+	dd_close(s);
+	CHECK(check_clean() == 0, "check after the failed write");
+
+	for (round = 0; round < 4; round++) {
+		/* killed in its runs' chunk writes or a commit: pwrite 1..195 */
+		unsigned int at = 1 + rand() % (3 * (2 * EXT_BLOCKS + 1));
+
+		fflush(stdout);
+		pid = fork();
+		if (!pid) {
+			OK(dd_open(path, 0, &s));
+			CHECK(!stat(path, &fst), "stat");
+			store_ino = fst.st_ino;
+			pwrites = 0;
+			die_pwrite_at = at;
+			/* three requests over blocks 64..159: 96 new chunks */
+			for (first = 0; first < 3 * EXT_BLOCKS;
+			     first += EXT_BLOCKS) {
+				for (i = 0; i < EXT_BLOCKS; i++)
+					pattern(buf + i * DD_BLOCK_SIZE,
+						10000 * (round + 1) + first + i);
+				OK(dd_write_extent(s, 2 * EXT_BLOCKS + first,
+						   EXT_BLOCKS, buf));
+				OK(dd_commit(s));	/* a map page */
+			}
+			_exit(0);	/* not reached: 195 pwrites */
+		}
+		waitpid(pid, &status, 0);
+		CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL,
+		      "round %u: the child was not killed at pwrite %u", round,
+		      at);
+		CHECK(check_clean() == 0, "check after a kill in a run");
+		OK(dd_open(path, 0, &s));
+		check_chunks_add_up(s, "reopened after a kill in a run");
+		dd_stats(s, &st);
+		/*
+		 * the requests committed before the kill, whole (one map
+		 * page), and nothing of the others; block EXT_BLOCKS has
+		 * block 0's content
+		 */
+		CHECK(st.mapped_blocks % EXT_BLOCKS == 0 &&
+		      st.mapped_blocks >= 2 * EXT_BLOCKS &&
+		      st.chunks_used == st.mapped_blocks - 1,
+		      "round %u: %" PRIu64 " mapped, %" PRIu64 " used", round,
+		      st.mapped_blocks, st.chunks_used);
+		for (i = 2 * EXT_BLOCKS; i < blocks; i++) {
+			OK(dd_read(s, i, got));
+			CHECK(i < st.mapped_blocks ?
+			      content_of(got) == 10000 * (round + 1) + i -
+						 2 * EXT_BLOCKS :
+			      dd_is_hole(s, i), "round %u: block %" PRIu64
+			      " after the kill", round, i);
+		}
+		/*
+		 * Fill the device with new content: every chunk the dead run
+		 * took is free again, none is given twice (every block reads
+		 * its own content, the committed ones included).
+		 */
+		for (first = 2 * EXT_BLOCKS; first < blocks;
+		     first += EXT_BLOCKS) {
+			for (i = 0; i < EXT_BLOCKS; i++)
+				pattern(buf + i * DD_BLOCK_SIZE,
+					50000 * (round + 1) + first + i);
+			OK(dd_write_extent(s, first, EXT_BLOCKS, buf));
+			CHECK(consecutive(s, first, EXT_BLOCKS),
+			      "round %u: request at %" PRIu64 " is not one extent",
+			      round, first);
+		}
+		for (i = 0; i < blocks; i++) {
+			uint64_t want = i <= EXT_BLOCKS ? i % EXT_BLOCKS :
+					i < 2 * EXT_BLOCKS ? 1000 + i - EXT_BLOCKS :
+					50000 * (round + 1) + i;
+
+			OK(dd_read(s, i, got));
+			CHECK(content_of(got) == want, "round %u block %" PRIu64
+			      ": content %" PRIu64 ", not %" PRIu64, round, i,
+			      content_of(got), want);
+		}
+		/* and back to the committed state for the next round */
+		OK(dd_write_hole(s, 2 * EXT_BLOCKS, blocks - 2 * EXT_BLOCKS));
+		OK(dd_commit(s));
+		check_chunks_add_up(s, "after refilling");
+		dd_close(s);
+		CHECK(check_clean() == 0, "check after refilling");
+		printf("ok run unused: killed at pwrite %u, %" PRIu64
+		       " blocks committed\n", at, st.mapped_blocks);
+	}
+	printf("ok run unused\n");
+}
+
 static const struct {
 	const char *name;
 	void (*fn)(void);
 } tests[] = {
+	{ "extents", test_extents },
+	{ "run_unused", test_run_unused },
 	{ "accounting", test_accounting },
 	{ "reopen", test_reopen },
 	{ "threads", test_threads },
