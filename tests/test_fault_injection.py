@@ -47,7 +47,10 @@ KNOBS = {"failslab/ignore-gfp-wait": "N",
          "fail_page_alloc/verbose": "0"}
 # what a failed allocation may log (warn_alloc) besides the failure itself
 ALLOC_FAILURE_LOG = r"Call Trace:"
-pytestmark = pytest.mark.kmsg_allow(ALLOC_FAILURE_LOG)
+# a walk is a few hundred adds under KASAN and TCG: minutes, more when
+# the host is busy (600 s ran out once with two other guests beside it)
+pytestmark = [pytest.mark.kmsg_allow(ALLOC_FAILURE_LOG),
+              pytest.mark.time_limit(1800)]
 # no call of the bring-up makes nearly this many allocations
 MAX_NTH = 3000
 BOOT_WAIT = 60
