@@ -9,6 +9,7 @@ garbage, a reply stream corrupted mid-way, a server that stays away):
 a clear error or a clean EIO, never a hang.
 """
 
+import json
 import os
 import re
 import subprocess
@@ -19,9 +20,10 @@ from contextlib import contextmanager
 import pytest
 
 from hybdlib import (LONG, REPO, T_IO, device_ids, direct_read, direct_write,
-                     fio_verify, info, io_errno, need_built, need_tool,
-                     pattern, reap, run, wait_for)
-from test_dedup import per_queue_done, tool
+                     fio_verify, hybdctl, info, io_errno, need_built,
+                     need_tool, pattern, reap, run, wait_for)
+from test_dedup import (STALE_CHECK, STALE_KEYS, STALE_RE, STALE_SECONDS,
+                        per_queue_done, tool)
 
 NBD = REPO / "examples" / "nbd" / "hybd-nbd"
 MiB = 1 << 20
@@ -221,6 +223,13 @@ def fio_in_thread(dev, per_job, iodepth=16):
     return t, box
 
 
+def wait_io(srv, n=300):
+    """Until the device has served n more requests: fio is under way."""
+    base = info(srv.id)["stats"]["slow_done"]
+    wait_for(lambda: info(srv.id)["stats"]["slow_done"] >= base + n, 60,
+             f"{n} requests on {srv.dev}")
+
+
 def join_fio(t, box):
     t.join(T_IO)
     assert not t.is_alive(), "fio hung"
@@ -245,7 +254,7 @@ def test_nbd_server_killed_and_restarted_under_fio(nbd, tmp_path):
     t, box = fio_in_thread(srv.dev, (8 if LONG else 3) * MiB)
     kills = 3 if LONG else 1
     for _ in range(kills):
-        time.sleep(1.5)
+        wait_io(srv)
         assert t.is_alive(), "fio ended before the server was killed"
         kit.kill()
         time.sleep(1)
@@ -388,7 +397,7 @@ def test_nbd_driver_sigkilled_and_replaced_in_recovery_mode(nbd, tmp_path):
     nbd.nbdkit("file", str(img))
     srv = nbd.serve("--queues", "2", "--recovery", "30")
     t, box = fio_in_thread(srv.dev, 4 * MiB)
-    time.sleep(2)
+    wait_io(srv)
     assert t.is_alive(), "fio ended before the driver was killed"
     srv.kill()
     wait_for(lambda: info(srv.id)["state"] != "live", 10, "device waiting")
@@ -396,3 +405,86 @@ def test_nbd_driver_sigkilled_and_replaced_in_recovery_mode(nbd, tmp_path):
     assert new.id == srv.id
     join_fio(t, box)
     stop_counters(new)
+
+
+# ---------------------------------------------------------------- fast path
+
+NBD_BPF = REPO / "examples" / "nbd" / "nbd.bpf.o"
+BLOCK = 4096
+
+
+def nbd_bss(dev):
+    st = json.loads(hybdctl("stats", str(dev), "--maps", "--json")[1])
+    names = [m for m in st["maps"] if m.endswith(".bss")]
+    assert len(names) == 1, st["maps"]
+    return st["maps"][names[0]]
+
+
+def test_nbd_fast_path_serves_holes_and_repeated_reads_in_the_kernel(
+        nbd, tmp_path):
+    """Block status seeds the zero map: holes read as zeros in the kernel;
+    a hole written with data reads the data at once; a data read fills the
+    cache and the second read of it is served in the kernel."""
+    need_built(NBD_BPF, "make examples")
+    img = sparse(tmp_path / "disk.img", SIZE)
+    data = pattern("nbd-fast", 256 * BLOCK)
+    with open(img, "r+b") as f:     # data in the first 1 MiB, holes after
+        f.write(data)
+    nbd.nbdkit("file", str(img))
+    srv = nbd.serve("--queues", "2", "--bpf", NBD_BPF)
+    out = "".join(srv.out)
+    m = re.search(r"(\d+) blocks known zero", out)
+    assert m, srv.output()
+    assert int(m.group(1)) == SIZE // BLOCK - 256, out
+
+    before, bss0 = info(srv.id)["stats"], nbd_bss(srv.dev)
+    for off in range(256 * BLOCK, 512 * BLOCK, 32 * BLOCK):
+        assert direct_read(srv.dev, off, 32 * BLOCK) == bytes(32 * BLOCK)
+    after, bss1 = info(srv.id)["stats"], nbd_bss(srv.dev)
+    assert after["fast_done"] - before["fast_done"] == 8
+    assert after["slow_issued"] - before["slow_issued"] == 0
+    assert bss1["zero_hits"] - bss0["zero_hits"] == 8, bss1
+
+    for rnd in range(2):
+        before = info(srv.id)["stats"]
+        got = b"".join(direct_read(srv.dev, off, 32 * BLOCK)
+                       for off in range(0, 256 * BLOCK, 32 * BLOCK))
+        assert got == data, f"pass {rnd}"
+        after = info(srv.id)["stats"]
+        fast = after["fast_done"] - before["fast_done"]
+        assert fast == (0 if rnd == 0 else 8), f"pass {rnd}: {fast} fast"
+    assert nbd_bss(srv.dev)["cache_hits"] >= 8
+
+    # a hole written with data is no hole before the write completes, and
+    # a cached block written anew is not served from the cache
+    block = pattern("nbd-hole", BLOCK)
+    direct_write(srv.dev, 400 * BLOCK, block)
+    assert direct_read(srv.dev, 400 * BLOCK, BLOCK) == block
+    assert direct_read(srv.dev, 400 * BLOCK, 2 * BLOCK) == block + bytes(BLOCK)
+    direct_write(srv.dev, 0, block)
+    assert direct_read(srv.dev, 0, BLOCK) == block
+    stop_counters(srv)
+
+
+def test_nbd_fast_path_serves_no_stale_read_under_overlapping_writes(nbd):
+    need_built(NBD_BPF, "make examples")
+    need_built(STALE_CHECK, "tests/helpers/stale_check")
+    nbd.nbdkit("memory", str(SIZE))
+    srv = nbd.serve("--queues", "2", "--bpf", NBD_BPF)
+    before = info(srv.id)["stats"]
+    # 64 blocks, half of them holes the zero map knows until written
+    res = run([STALE_CHECK, srv.dev, "--blocks", "64", "--writers", "2",
+               "--readers", "2", "--seconds", str(STALE_SECONDS)],
+              timeout=STALE_SECONDS + 120)
+    out = res.stdout + res.stderr
+    m = STALE_RE.search(res.stdout)
+    assert m, f"stale_check: exit {res.returncode}, no result line:\n{out}"
+    c = dict(zip(STALE_KEYS, map(int, m.groups()[:6])))
+    fast = info(srv.id)["stats"]["fast_done"] - before["fast_done"]
+    print(f"stale_check: {c}, fast {fast}, bss {nbd_bss(srv.dev)}")
+    assert c["errors"] == 0 and c["corrupt"] == 0, out
+    assert c["stale"] == 0, f"the device returned stale data:\n{out}"
+    assert res.returncode == 0, out
+    assert c["reads"] >= 200 and c["writes"] >= 50, c
+    assert fast > 0, "the fast path served nothing: it proves nothing"
+    stop_counters(srv)

@@ -4,7 +4,7 @@
  *
  *   hybd-nbd [--queues N] [--depth N] [--max-io BYTES] [--id N]
  *            [--io-timeout SECONDS] [--reconnect-limit SECONDS]
- *            [--recovery SECONDS] [--attach] URI
+ *            [--recovery SECONDS] [--attach] [--bpf nbd.bpf.o] URI
  *
  * URI is libnbd's (nbd_connect_uri(3)): nbd://HOST[:PORT][/EXPORT],
  * nbd+unix:///EXPORT?socket=PATH, and nbds://... for TLS (which is then
@@ -37,6 +37,15 @@
  * The device's I/O timeout is the limit plus 30 s unless --io-timeout
  * says otherwise, so the kernel never gives up on a request first.
  *
+ * Fast path.  --bpf nbd.bpf.o (built beside this program) attaches the
+ * program before the device takes requests and seeds its zero map from
+ * NBD_CMD_BLOCK_STATUS over the whole export: reads of blocks the server
+ * says read as zeros, and reads the program has cached, are served in the
+ * kernel.  Every write, trim and write-zeroes clears its blocks' zero
+ * bits here before it is sent, so before it can complete; the cache keeps
+ * itself exact with version stamps (see nbd.bpf.c).  The zero map is
+ * learned once: blocks that become zero later are not served as such.
+ *
  * Crashes.  --recovery SECONDS gives the device a recovery timeout: if
  * this process dies, the kernel holds the I/O that long for a new
  * hybd-nbd started with --attach --id N on the same URI, which gets the
@@ -54,6 +63,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/timerfd.h>
 #include <time.h>
 #include <unistd.h>
@@ -72,6 +82,12 @@ struct nbdx {
 	bool multi_conn, can_flush, can_fua, can_trim, can_zero, read_only;
 	uint64_t reconnect_limit_ms;
 	atomic_uint_fast64_t reconnects, reissued, failed_down;
+	/* --bpf: the fast path and its zero map (nbd_zero, mmapped) */
+	const char *bpf_path;
+	struct hybd_bpf *fast_path;
+	_Atomic uint64_t *zero;
+	size_t zero_bytes;
+	uint64_t zero_blocks;		/* blocks seeded as zero */
 };
 
 enum nq_state { NQ_UP, NQ_CONNECTING, NQ_DOWN };
@@ -419,11 +435,39 @@ static void tick(struct hybd_queue *q, int fd, unsigned int revents,
 		try_connect(nq);
 }
 
+/*
+ * A request that changes blocks: they no longer read as zeros for the fast
+ * path.  Done before the request is sent, so before it can complete: the
+ * fast path never serves zeros for a block after a write to it completed.
+ * (Only the seeding in prepare sets bits, before any request.)
+ */
+static void zero_clear(struct nbdx *nx, uint64_t off, uint32_t len)
+{
+	uint64_t b = off / 4096, end = (off + len + 4095) / 4096;
+	uint64_t words = nx->zero_bytes / 8;
+
+	for (; b < end; b++) {
+		if (b / 64 >= words)
+			return;
+		if (b % 64 == 0 && end - b >= 64) {
+			atomic_store(&nx->zero[b / 64], 0);
+			b += 63;
+			continue;
+		}
+		atomic_fetch_and(&nx->zero[b / 64], ~(1ULL << (b % 64)));
+	}
+}
+
 /* Every handler: issue now, hold for a connection, or fail. */
 static int submit(struct hybd_io *io)
 {
 	struct nq *nq = hybd_queue_priv(hybd_io_hwq(io));
 	struct nreq *r = hybd_io_data(io);
+	enum hybd_io_op op = hybd_io_op(io);
+
+	if (nq->nx->zero && (op == HYBD_OP_WRITE || op == HYBD_OP_DISCARD ||
+			     op == HYBD_OP_WRITE_ZEROES))
+		zero_clear(nq->nx, hybd_io_offset(io), hybd_io_len(io));
 
 	r->io = io;
 	r->nq = nq;
@@ -535,6 +579,114 @@ static void queue_exit(struct hybd_queue *q)
 	free(nq);
 }
 
+struct seed {
+	struct nbdx *nx;
+	uint64_t next;			/* the first byte not described yet */
+};
+
+/* base:allocation extents: set the bits of whole blocks that read as 0 */
+static int seed_extents(void *user_data, const char *metacontext,
+			uint64_t offset, uint32_t *entries, size_t nr_entries,
+			int *error)
+{
+	struct seed *sd = user_data;
+	struct nbdx *nx = sd->nx;
+	uint64_t off = offset, b, end;
+	size_t i;
+
+	(void)error;
+	if (strcmp(metacontext, LIBNBD_CONTEXT_BASE_ALLOCATION))
+		return 0;
+	for (i = 0; i + 1 < nr_entries; i += 2) {
+		uint64_t len = entries[i];
+
+		if (entries[i + 1] & LIBNBD_STATE_ZERO) {
+			b = (off + 4095) / 4096;
+			end = (off + len) / 4096;
+			for (; b < end && b / 64 < nx->zero_bytes / 8; b++) {
+				atomic_fetch_or(&nx->zero[b / 64],
+						1ULL << (b % 64));
+				nx->zero_blocks++;
+			}
+		}
+		off += len;
+	}
+	if (off > sd->next)
+		sd->next = off;
+	return 0;
+}
+
+/* Learn the export's zero blocks (before any request can arrive). */
+static int seed_zero_map(struct nbdx *nx)
+{
+	struct nbd_handle *h = new_handle(NULL);
+	struct seed sd = { .nx = nx };
+	nbd_extent_callback cb = { .callback = seed_extents, .user_data = &sd };
+	uint64_t off = 0, len;
+
+	if (!h || nbd_add_meta_context(h, LIBNBD_CONTEXT_BASE_ALLOCATION) < 0 ||
+	    nbd_connect_uri(h, nx->uri) < 0)
+		goto fail;
+	if (nbd_can_meta_context(h, LIBNBD_CONTEXT_BASE_ALLOCATION) != 1) {
+		printf("the server has no block status: holes are not served by the fast path\n");
+		nbd_shutdown(h, 0);
+		nbd_close(h);
+		return 0;
+	}
+	while (off < nx->size) {
+		len = nx->size - off > (1ULL << 30) ? 1ULL << 30 : nx->size - off;
+		sd.next = off;
+		if (nbd_block_status(h, len, off, cb, 0) < 0)
+			goto fail;
+		/* the server describes a prefix at least */
+		if (sd.next <= off)
+			break;
+		off = sd.next;
+	}
+	nbd_shutdown(h, 0);
+	nbd_close(h);
+	return 0;
+fail:
+	fprintf(stderr, "hybd-nbd: block status: %s\n", nbd_get_error());
+	if (h)
+		nbd_close(h);
+	return -EIO;
+}
+
+/* --bpf: attach the fast path and seed its zero map, before requests. */
+static int prepare(struct hybd_dev *dev)
+{
+	struct nbdx *nx = hybd_dev_priv(dev);
+	int ret, fd;
+
+	if (!nx->bpf_path)
+		return 0;
+	ret = hybd_bpf_attach(hybd_dev_id(dev), nx->bpf_path, 0,
+			      &nx->fast_path);
+	if (ret) {
+		fprintf(stderr, "hybd-nbd: %s: %s\n", nx->bpf_path,
+			hybd_errmsg());
+		return ret;
+	}
+	fd = hybd_bpf_map_fd(nx->fast_path, "nbd_zero");
+	if (fd < 0) {
+		fprintf(stderr, "hybd-nbd: %s has no nbd_zero map\n",
+			nx->bpf_path);
+		return fd;
+	}
+	nx->zero = hybd_bpf_map_mmap(fd, &nx->zero_bytes);
+	if (!nx->zero) {
+		fprintf(stderr, "hybd-nbd: nbd_zero: %s\n", hybd_errmsg());
+		return -ENOMEM;
+	}
+	ret = seed_zero_map(nx);
+	if (ret)
+		return ret;
+	printf("fast path %s attached, %" PRIu64 " blocks known zero\n",
+	       nx->bpf_path, nx->zero_blocks);
+	return 0;
+}
+
 static void ready(struct hybd_dev *dev)
 {
 	printf("ready %s\n", hybd_dev_path(dev));
@@ -547,6 +699,7 @@ static struct hybd_driver driver = {
 	.queue_exit	= queue_exit,
 	.queue_idle	= queue_idle,
 	.ready		= ready,
+	.prepare	= prepare,
 };
 
 /* Connect once to learn the export's size and what the server offers. */
@@ -586,7 +739,7 @@ static int probe(struct nbdx *nx)
 static const char usage[] =
 	"usage: hybd-nbd [--queues N] [--depth N] [--max-io BYTES] [--id N]\n"
 	"                [--io-timeout SECONDS] [--reconnect-limit SECONDS]\n"
-	"                [--recovery SECONDS] [--attach] URI\n";
+	"                [--recovery SECONDS] [--attach] [--bpf nbd.bpf.o] URI\n";
 
 static uint64_t number(const char *name, const char *s)
 {
@@ -611,6 +764,7 @@ int main(int argc, char **argv)
 		{ "reconnect-limit", required_argument, NULL, 'L' },
 		{ "recovery", required_argument, NULL, 'R' },
 		{ "attach", no_argument, NULL, 'A' },
+		{ "bpf", required_argument, NULL, 'b' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -632,6 +786,7 @@ int main(int argc, char **argv)
 		case 'L': nx.reconnect_limit_ms = number(name, optarg) * 1000; break;
 		case 'R': cfg.recovery_timeout = number(name, optarg); break;
 		case 'A': cfg.lib_flags |= HYBD_CFG_ATTACH; break;
+		case 'b': nx.bpf_path = optarg; break;
 		case 'h': fputs(usage, stdout); return 0;
 		default: fputs(usage, stderr); return 2;
 		}
@@ -688,6 +843,9 @@ int main(int argc, char **argv)
 	       nx.read_only ? ", read-only" : "");
 	fflush(stdout);
 	ret = hybd_run(&cfg, &driver, &nx);
+	if (nx.zero)
+		munmap((void *)nx.zero, nx.zero_bytes);
+	hybd_bpf_close(nx.fast_path);
 	fprintf(stderr, "hybd-nbd: reconnects=%" PRIu64 " reissued=%" PRIu64
 		" failed_while_down=%" PRIu64 "\n",
 		(uint64_t)atomic_load(&nx.reconnects),
