@@ -110,6 +110,7 @@ struct nq {
 	int tfd;			/* a timerfd, ticking while not up */
 	bool closing;			/* nbd_close() runs: ignore callbacks */
 	bool gave_up;			/* down for longer than the limit */
+	bool lost;			/* a command saw the connection go */
 	uint64_t down_since, next_try, connect_deadline;	/* ms */
 	unsigned int backoff;		/* ms */
 	struct nreq inflight, held;	/* list heads */
@@ -176,8 +177,15 @@ static int req_done(void *user_data, int *error)
 	int err = *error;
 
 	/* a handle being closed aborts its commands: they are held */
-	if (nq->closing || connection_error(err))
+	if (nq->closing)
 		return 1;
+	/* the connection went (or the server is shutting down: it will):
+	 * the command stays in flight, to be issued again on a new one
+	 */
+	if (connection_error(err)) {
+		nq->lost = true;
+		return 1;
+	}
 	list_del(r);
 	hybd_io_complete(r->io, err ? -err : 0);
 	return 1;
@@ -292,6 +300,7 @@ static void go_down(struct nq *nq, const char *why)
 	nq->fd = -1;
 	nq->events = 0;
 	nq->h = NULL;
+	nq->lost = false;
 	if (h) {
 		nq->closing = true;
 		nbd_close(h);
@@ -401,8 +410,11 @@ static void sock_ready(struct hybd_queue *q, int fd, unsigned int revents,
 		ret = nbd_aio_notify_write(nq->h);
 	else if (revents & (POLLERR | POLLHUP))
 		ret = -1;
-	if (ret < 0 || nbd_aio_is_dead(nq->h) || nbd_aio_is_closed(nq->h)) {
-		go_down(nq, ret < 0 ? nbd_get_error() : "the server closed the connection");
+	if (ret < 0 || nbd_aio_is_dead(nq->h) || nbd_aio_is_closed(nq->h) ||
+	    nq->lost) {
+		go_down(nq, ret < 0 ? nbd_get_error() :
+			nq->lost ? "the server is shutting down" :
+			"the server closed the connection");
 		return;
 	}
 	if (nq->state == NQ_CONNECTING && nbd_aio_is_ready(nq->h))

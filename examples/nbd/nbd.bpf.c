@@ -21,7 +21,7 @@
  *    from the cache has every block in it.
  *
  * Everything else goes to hybd-nbd.  Counters (the .bss map, `hybdctl
- * stats DEV --maps`): zero_hits, cache_hits, misses, fills.
+ * stats DEV --maps`): reads = zero_hits + cache_hits + misses, fills.
  */
 #include "hybd_cache.bpf.h"
 
@@ -44,6 +44,7 @@ struct {
 
 HYBD_CACHE_DEFINE(nbd_cache, NBD_CACHE_SLOTS);
 
+__u64 reads;		/* reads of 1..32 aligned blocks: the ones below */
 __u64 zero_hits;	/* reads served as zeros from nbd_zero */
 __u64 cache_hits;	/* reads served from the cache */
 __u64 misses;		/* reads of 1..32 blocks passed to hybd-nbd */
@@ -72,6 +73,7 @@ int BPF_STRUCT_OPS(nbd_submit, struct hybd_bpf_io *io)
 	}
 	if (!hybd_io_read_blocks(io, NBD_MAX_BLOCKS, &first, &count))
 		return HYBD_BPF_PASS;
+	nbd_count(reads);
 	if (all_zero(first, count) && !hybd_bpf_io_zero(io)) {
 		nbd_count(zero_hits);
 		return HYBD_BPF_DONE;
