@@ -115,6 +115,7 @@ struct nq {
 	unsigned int backoff;		/* ms */
 	struct nreq inflight, held;	/* list heads */
 	uint64_t requests, reconnects, reissued;
+	uint64_t pollout;		/* waits for the socket to take more */
 };
 
 static uint64_t now_ms(void)
@@ -282,8 +283,11 @@ static void update_events(struct nq *nq)
 		ev |= POLLIN;
 	if (dir & LIBNBD_AIO_DIRECTION_WRITE)
 		ev |= POLLOUT;
-	if (ev != nq->events && !hybd_queue_fd_events(nq->q, nq->fd, ev))
+	if (ev != nq->events && !hybd_queue_fd_events(nq->q, nq->fd, ev)) {
 		nq->events = ev;
+		if (ev & POLLOUT)
+			nq->pollout++;
+	}
 }
 
 /* Drop the connection; hold its requests; reconnect from the ticks. */
@@ -576,9 +580,9 @@ static void queue_exit(struct hybd_queue *q)
 	struct nq *nq = hybd_queue_priv(q);
 
 	fprintf(stderr, "hybd-nbd: queue %u: requests=%" PRIu64
-		" reconnects=%" PRIu64 " reissued=%" PRIu64 "\n",
-		hybd_queue_index(q), nq->requests, nq->reconnects,
-		nq->reissued);
+		" reconnects=%" PRIu64 " reissued=%" PRIu64 " pollout=%" PRIu64
+		"\n", hybd_queue_index(q), nq->requests, nq->reconnects,
+		nq->reissued, nq->pollout);
 	if (nq->h) {
 		if (nq->state == NQ_UP)
 			nbd_shutdown(nq->h, 0);
