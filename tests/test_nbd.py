@@ -165,15 +165,15 @@ def test_nbd_ops_reach_the_server_and_ext4_passes_fsck(nbd, tmp_path):
     device, files read back after a remount, fsck clean."""
     img = sparse(tmp_path / "disk.img", SIZE)
     nbd.nbdkit("file", str(img))
-    srv = nbd.serve("--queues", "2")
+    # a small fixed send buffer: 128 KiB requests do not fit in it, so
+    # libnbd has to wait for POLLOUT (hybd_queue_watch_fd_events())
+    srv = nbd.serve("--queues", "2", "--sndbuf", "8192")
     name = os.path.basename(srv.dev)
     assert open(f"/sys/block/{name}/queue/write_cache").read().strip() == \
         "write back"
     assert int(open(f"/sys/block/{name}/queue/fua").read()) == 1
     assert int(open(f"/sys/block/{name}/queue/discard_max_bytes").read()) > 0
     data = pattern("ops", 1 * MiB)
-    # 128 KiB requests, more than the socket takes at once: libnbd has to
-    # wait for POLLOUT (hybd_queue_watch_fd_events())
     direct_write(srv.dev, 0, data, os.O_DSYNC)
     with open(img, "rb") as f:
         assert f.read(len(data)) == data, "a FUA write did not reach the file"
@@ -251,14 +251,26 @@ def test_nbd_server_killed_and_restarted_under_fio(nbd, tmp_path):
     img = sparse(tmp_path / "disk.img", SIZE)
     kit = nbd.nbdkit("file", str(img))
     srv = nbd.serve("--queues", "2", "--reconnect-limit", "30")
-    t, box = fio_in_thread(srv.dev, (8 if LONG else 2) * MiB)
+    # beyond fio's region: a read issued while the server is away
+    mark = pattern("held", 64 << 10)
+    direct_write(srv.dev, 48 * MiB, mark)
+    t, box = fio_in_thread(srv.dev, (8 if LONG else 3) * MiB)
     kills = 3 if LONG else 1
     for _ in range(kills):
-        wait_io(srv)
+        wait_io(srv, 150)
         assert t.is_alive(), "fio ended before the server was killed"
         kit.kill()
+        held = {}
+        reader = threading.Thread(
+            target=lambda: held.update(
+                data=direct_read(srv.dev, 48 * MiB, len(mark))),
+            daemon=True)
+        reader.start()
         time.sleep(1)
+        assert reader.is_alive(), "a read returned while the server was away"
         kit.start()
+        reader.join(60)
+        assert held.get("data") == mark, "the held read returned wrong data"
     join_fio(t, box)
     counters, err = stop_counters(srv)
     assert counters["reconnects"] >= kills, err

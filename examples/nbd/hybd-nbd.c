@@ -4,7 +4,8 @@
  *
  *   hybd-nbd [--queues N] [--depth N] [--max-io BYTES] [--id N]
  *            [--io-timeout SECONDS] [--reconnect-limit SECONDS]
- *            [--recovery SECONDS] [--attach] [--bpf nbd.bpf.o] URI
+ *            [--recovery SECONDS] [--attach] [--bpf nbd.bpf.o]
+ *            [--sndbuf BYTES] URI
  *
  * URI is libnbd's (nbd_connect_uri(3)): nbd://HOST[:PORT][/EXPORT],
  * nbd+unix:///EXPORT?socket=PATH, and nbds://... for TLS (which is then
@@ -37,6 +38,10 @@
  * The device's I/O timeout is the limit plus 30 s unless --io-timeout
  * says otherwise, so the kernel never gives up on a request first.
  *
+ * --sndbuf BYTES fixes the sockets' send buffer (SO_SNDBUF) instead of
+ * the kernel's autotuning: for a link where a large buffer only adds
+ * latency, and for the tests, which need libnbd to wait for POLLOUT.
+ *
  * Fast path.  --bpf nbd.bpf.o (built beside this program) attaches the
  * program before the device takes requests and seeds its zero map from
  * NBD_CMD_BLOCK_STATUS over the whole export: reads of blocks the server
@@ -64,6 +69,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/timerfd.h>
 #include <time.h>
 #include <unistd.h>
@@ -88,6 +94,7 @@ struct nbdx {
 	_Atomic uint64_t *zero;
 	size_t zero_bytes;
 	uint64_t zero_blocks;		/* blocks seeded as zero */
+	int sndbuf;			/* --sndbuf; 0: autotuned */
 };
 
 enum nq_state { NQ_UP, NQ_CONNECTING, NQ_DOWN };
@@ -271,6 +278,16 @@ static void arm_tick(struct nq *nq, bool on)
 	timerfd_settime(nq->tfd, 0, &its, NULL);
 }
 
+/* --sndbuf: a fixed send buffer (a slow link, or a test of POLLOUT). */
+static void set_sndbuf(struct nq *nq)
+{
+	if (nq->nx->sndbuf && nq->fd >= 0 &&
+	    setsockopt(nq->fd, SOL_SOCKET, SO_SNDBUF, &nq->nx->sndbuf,
+		       sizeof(nq->nx->sndbuf)))
+		fprintf(stderr, "hybd-nbd: queue %u: SO_SNDBUF: %s\n",
+			hybd_queue_index(nq->q), strerror(errno));
+}
+
 /* Poll the socket for what libnbd waits for. */
 static void update_events(struct nq *nq)
 {
@@ -358,6 +375,7 @@ static void try_connect(struct nq *nq)
 	}
 	nq->fd = nbd_aio_get_fd(nq->h);
 	nq->events = 0;
+	set_sndbuf(nq);
 	ret = nq->fd < 0 ? -EBADF :
 	      hybd_queue_watch_fd_events(nq->q, nq->fd, 0, sock_ready, nq);
 	if (ret) {
@@ -560,6 +578,7 @@ static int queue_init(struct hybd_queue *q)
 		goto fail;
 	}
 	nq->fd = nbd_aio_get_fd(nq->h);
+	set_sndbuf(nq);
 	ret = hybd_queue_watch_fd_events(q, nq->fd, POLLIN, sock_ready, nq);
 	if (ret)
 		goto fail;
@@ -755,15 +774,21 @@ static int probe(struct nbdx *nx)
 static const char usage[] =
 	"usage: hybd-nbd [--queues N] [--depth N] [--max-io BYTES] [--id N]\n"
 	"                [--io-timeout SECONDS] [--reconnect-limit SECONDS]\n"
-	"                [--recovery SECONDS] [--attach] [--bpf nbd.bpf.o] URI\n";
+	"                [--recovery SECONDS] [--attach] [--bpf nbd.bpf.o]\n"
+	"                [--sndbuf BYTES] URI\n";
 
-static uint64_t number(const char *name, const char *s)
+static uint64_t number(const char *name, const char *s, uint64_t max)
 {
 	uint64_t v;
 
 	if (hybd_parse_size(s, &v)) {
 		fprintf(stderr, "hybd-nbd: --%s %s: %s\n", name, s,
 			hybd_errmsg());
+		exit(2);
+	}
+	if (v > max) {
+		fprintf(stderr, "hybd-nbd: --%s %s: at most %" PRIu64 "\n",
+			name, s, max);
 		exit(2);
 	}
 	return v;
@@ -781,6 +806,7 @@ int main(int argc, char **argv)
 		{ "recovery", required_argument, NULL, 'R' },
 		{ "attach", no_argument, NULL, 'A' },
 		{ "bpf", required_argument, NULL, 'b' },
+		{ "sndbuf", required_argument, NULL, 'S' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -794,15 +820,16 @@ int main(int argc, char **argv)
 		const char *name = opts[i].name;
 
 		switch (c) {
-		case 'q': cfg.nr_queues = number(name, optarg); queues_set = true; break;
-		case 'd': cfg.queue_depth = number(name, optarg); break;
-		case 'm': cfg.max_io_bytes = number(name, optarg); break;
-		case 'i': cfg.dev_id = number(name, optarg); break;
-		case 't': cfg.io_timeout = number(name, optarg); timeout_set = true; break;
-		case 'L': nx.reconnect_limit_ms = number(name, optarg) * 1000; break;
-		case 'R': cfg.recovery_timeout = number(name, optarg); break;
+		case 'q': cfg.nr_queues = number(name, optarg, UINT32_MAX); queues_set = true; break;
+		case 'd': cfg.queue_depth = number(name, optarg, UINT32_MAX); break;
+		case 'm': cfg.max_io_bytes = number(name, optarg, UINT32_MAX); break;
+		case 'i': cfg.dev_id = number(name, optarg, INT32_MAX); break;
+		case 't': cfg.io_timeout = number(name, optarg, UINT32_MAX); timeout_set = true; break;
+		case 'L': nx.reconnect_limit_ms = number(name, optarg, 1000000) * 1000; break;
+		case 'R': cfg.recovery_timeout = number(name, optarg, UINT32_MAX); break;
 		case 'A': cfg.lib_flags |= HYBD_CFG_ATTACH; break;
 		case 'b': nx.bpf_path = optarg; break;
+		case 'S': nx.sndbuf = number(name, optarg, INT32_MAX / 2); break;
 		case 'h': fputs(usage, stdout); return 0;
 		default: fputs(usage, stderr); return 2;
 		}
