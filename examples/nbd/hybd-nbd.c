@@ -351,6 +351,8 @@ static struct nbd_handle *new_handle(struct nq *nq)
 	snprintf(name, sizeof(name), "hybd-nbd-q%u",
 		 nq ? hybd_queue_index(nq->q) : 0);
 	nbd_set_handle_name(h, name);
+	/* the URI is the operator's: its ?tls-psk-file= & co. may be read */
+	nbd_set_uri_allow_local_file(h, true);
 	return h;
 }
 
