@@ -319,9 +319,13 @@ def pump(a, b, corrupt):
             if not d:
                 break
             n += len(d)
-            # corrupt the reply stream once past the handshake
+            # past the handshake, corrupt the reply stream once, or cut
+            # the connection in the middle of a reply
             if corrupt[0] and n > 4096:
                 corrupt[0] = False
+                if mode == "cut":
+                    b.sendall(d[:len(d) // 2])
+                    break
                 d = b"\xde\xad\xbe\xef" * 64
             b.sendall(d)
     except OSError:
@@ -372,12 +376,13 @@ def start_fails(nbd, uri):
     return res.stderr
 
 
-def test_nbd_bad_servers_refused_garbage_corrupt_reply(nbd):
+def test_nbd_bad_servers_refused_garbage_corrupt_or_cut_reply(nbd):
     """No server: a clear error at start, no device left.  Garbage instead
     of a handshake: the same.  A proxy that corrupts the first queue
     connection's reply stream past the handshake: libnbd drops it, the
     driver reconnects (through the proxy, clean now) and the requests it
-    reissues return the right data, no error."""
+    reissues return the right data, no error; the same when it cuts the
+    connection in the middle of a reply."""
     err = start_fails(nbd, nbd.uri(PORT + 5))
     assert "cannot connect to nbd://127.0.0.1" in err, err
     assert "Connection refused" in err, err
@@ -397,6 +402,16 @@ def test_nbd_bad_servers_refused_garbage_corrupt_reply(nbd):
         counters, err = stop_counters(srv)
     assert "connection lost" in err, err
     assert counters["reconnects"] >= 1 and counters["failed"] == 0, err
+
+    # the same with the connection cut in the middle of a reply
+    with bad_server(nbd.ns, "cut", PORT + 3, PORT):
+        srv = nbd.serve("--queues", "1", "--reconnect-limit", "20",
+                        uri=nbd.uri(PORT + 3))
+        assert direct_read(srv.dev, 0, len(data)) == data
+        counters, err = stop_counters(srv)
+    assert "connection lost" in err, err
+    assert counters["reconnects"] >= 1 and counters["reissued"] >= 1, err
+    assert counters["failed"] == 0, err
 
 
 def test_nbd_driver_sigkilled_and_replaced_in_recovery_mode(nbd, tmp_path):
