@@ -71,7 +71,7 @@ interleaved round-robin, and reports medians, per-round ranges and ratios:
                its chunk in the store, in the kernel (no cache to answer)
 
 --only and --skip take line keys and the names of the comparisons the
-report prints (slowpath, fastpath, nbd, loop, loopbdev, crypt, dedup): `make bench
+report prints (slowpath, fastpath, nbd, nbdex, loop, loopbdev, crypt, dedup): `make bench
 BENCH_ARGS='--only loop'` measures the loop drivers alone.
 
 Every line is measured at QD1 (psync, 4 KiB random reads: mean, p50, p99,
