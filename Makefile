@@ -100,6 +100,7 @@ examples: lib
 	$(Q)$(MAKE) -C examples/loop
 	$(Q)$(MAKE) -C examples/dedup
 	$(Q)$(MAKE) -C examples/encrypt
+	$(Q)$(MAKE) -C examples/nbd
 	$(Q)$(MAKE) -C tests/helpers
 	$(Q)$(MAKE) -C tests/abi
 
@@ -219,6 +220,7 @@ clean:
 	$(Q)$(MAKE) -C examples/loop clean
 	$(Q)$(MAKE) -C examples/dedup clean
 	$(Q)$(MAKE) -C examples/encrypt clean
+	$(Q)$(MAKE) -C examples/nbd clean
 	$(Q)$(MAKE) -C tests/helpers clean
 	$(Q)$(MAKE) -C tests/abi clean
 	$(Q)$(MAKE) -C tests/unit clean

@@ -57,7 +57,7 @@ extern "C" {
 #include <stddef.h>
 
 #define HYBD_LIB_VERSION_MAJOR	1
-#define HYBD_LIB_VERSION_MINOR	10
+#define HYBD_LIB_VERSION_MINOR	11
 /* what hybd_lib_version() returns for a given version */
 #define HYBD_LIB_VERSION(major, minor)	(((major) << 16) | (minor))
 
@@ -573,6 +573,52 @@ typedef void (*hybd_fd_cb)(struct hybd_queue *q, int fd, void *arg);
  */
 int hybd_queue_watch_fd(struct hybd_queue *q, int fd, hybd_fd_cb cb,
 			void *arg);
+
+/*
+ * A watched fd is ready (since 1.11): @revents is what poll() reported for
+ * it, the events asked for that fired (POLLIN, POLLOUT, POLLPRI) and
+ * POLLERR or POLLHUP, which poll() reports whatever was asked.
+ */
+typedef void (*hybd_fd_events_cb)(struct hybd_queue *q, int fd,
+				  unsigned int revents, void *arg);
+
+/*
+ * hybd_queue_watch_fd_events - hybd_queue_watch_fd() for the events of
+ * your choice (since 1.11): @events is a mask of POLLIN, POLLOUT and
+ * POLLPRI (0 waits for errors and hangups only), and @cb is told which
+ * fired.  A socket whose client library has to send before it can read
+ * (libnbd: nbd_aio_get_direction()) asks for POLLOUT while its send
+ * buffer is full, and only then: a socket that can be written is always
+ * POLLOUT, so the worker would call @cb at once, again and again.  The
+ * rules of hybd_queue_watch_fd() hold otherwise (the worker thread, the
+ * first fd from queue_init, HYBD_QUEUE_MAX_FDS).
+ * RETURN VALUE: 0, or those of hybd_queue_watch_fd(), -EINVAL for other
+ * events, -EEXIST if the queue watches @fd already.
+ */
+int hybd_queue_watch_fd_events(struct hybd_queue *q, int fd,
+			       unsigned int events, hybd_fd_events_cb cb,
+			       void *arg);
+
+/*
+ * hybd_queue_fd_events - change the events the worker waits for on
+ * watched @fd (since 1.11; any fd watched by either call), from the
+ * worker thread (a callback, a handler, queue_idle).  Takes effect at the
+ * worker's next wait; cheap enough to call after every request.
+ * RETURN VALUE: 0, -EINVAL (not the worker thread, bad events), -ENOENT
+ * (the queue does not watch @fd).
+ */
+int hybd_queue_fd_events(struct hybd_queue *q, int fd, unsigned int events);
+
+/*
+ * hybd_queue_unwatch_fd - stop watching @fd (since 1.11), from the worker
+ * thread, e.g. before closing a connection that will be replaced by a new
+ * one (watched again with hybd_queue_watch_fd_events()): a watched fd
+ * closed while watched stops the worker.  The callback is not called for
+ * @fd once this returns, and its slot is free again at the next wait.  The
+ * worker stays in event mode with no fd watched.
+ * RETURN VALUE: 0, -EINVAL (not the worker thread), -ENOENT (not watched).
+ */
+int hybd_queue_unwatch_fd(struct hybd_queue *q, int fd);
 
 /*
  * hybd_queue_cpus - the CPUs that submit to queue @index of @dev (blk-mq's

@@ -51,8 +51,11 @@ struct hybd_io {
 };
 
 struct hybd_watch {
-	int			fd;
-	hybd_fd_cb		cb;
+	int			fd;	/* -1: unwatched, the slot is dropped
+					 * before the next poll */
+	short			events;	/* POLLIN, POLLOUT, ... */
+	hybd_fd_cb		cb;	/* hybd_queue_watch_fd() */
+	hybd_fd_events_cb	ecb;	/* hybd_queue_watch_fd_events() */
 	void			*arg;
 };
 
@@ -99,6 +102,7 @@ struct hybd_queue {
 
 	/* event mode: the worker polls the eventfd and the watched fds */
 	int			efd;
+	bool			event_mode;	/* chosen after queue_init */
 	unsigned int		nr_watch;
 	struct hybd_watch	watch[HYBD_QUEUE_MAX_FDS];
 

@@ -528,6 +528,57 @@ static bool holds_requests(struct hybd_queue *q)
 }
 
 /*
+ * The watched fds as poll() takes them, after dropping the slots that
+ * were unwatched since the last wait.  RETURN VALUE: how many.
+ */
+static unsigned int watch_pollfds(struct hybd_queue *q, struct pollfd *pfd)
+{
+	unsigned int i, n = 0;
+
+	for (i = 0; i < q->nr_watch; i++) {
+		if (q->watch[i].fd < 0)
+			continue;
+		if (n != i)
+			q->watch[n] = q->watch[i];
+		pfd[n].fd = q->watch[n].fd;
+		pfd[n].events = q->watch[n].events;
+		pfd[n].revents = 0;
+		n++;
+	}
+	q->nr_watch = n;
+	return n;
+}
+
+/*
+ * Call the callbacks of the first @n watches whose fds fired.  A callback
+ * may watch more fds (appended, seen at the next wait), unwatch some or
+ * change their events: a slot whose fd is no longer the one polled is
+ * skipped.
+ */
+static int watch_dispatch(struct hybd_queue *q, const struct pollfd *pfd,
+			  unsigned int n)
+{
+	struct hybd_watch *w;
+	unsigned int i;
+
+	for (i = 0; i < n; i++) {
+		w = &q->watch[i];
+		if (!pfd[i].revents || w->fd != pfd[i].fd)
+			continue;
+		if (pfd[i].revents & POLLNVAL)
+			return hybd__err(-EBADF,
+					 "queue %u: watched fd %d was closed",
+					 q->id, w->fd);
+		if (w->ecb)
+			w->ecb(q, w->fd, (unsigned short)pfd[i].revents,
+			       w->arg);
+		else
+			w->cb(q, w->fd, w->arg);
+	}
+	return 0;
+}
+
+/*
  * HYBD_RING_DRAIN: take nothing more; finish what the handlers hold
  * (serving the watched fds meanwhile), hand every completion to the
  * kernel, and leave.  What we did not take goes to the new server.
@@ -542,7 +593,7 @@ static int worker_hand_over(struct hybd_queue *q)
 {
 	const struct hybd_driver *drv = &q->dev->drv;
 	struct pollfd pfd[HYBD_QUEUE_MAX_FDS];
-	unsigned int i;
+	unsigned int n;
 	int ret;
 
 	for (;;) {
@@ -553,25 +604,16 @@ static int worker_hand_over(struct hybd_queue *q)
 			return ret;
 		if (!holds_requests(q) && !uncommitted(q))
 			break;
-		for (i = 0; i < q->nr_watch; i++) {
-			pfd[i].fd = q->watch[i].fd;
-			pfd[i].events = POLLIN;
-		}
-		if (!q->nr_watch) {
+		n = watch_pollfds(q, pfd);
+		if (!n) {
 			usleep(1000);
 			continue;
 		}
-		if (poll(pfd, q->nr_watch, 1) <= 0)
+		if (poll(pfd, n, 1) <= 0)
 			continue;
-		for (i = 0; i < q->nr_watch; i++) {
-			if (pfd[i].revents & POLLNVAL)
-				return hybd__err(-EBADF,
-						 "queue %u: watched fd %d was closed",
-						 q->id, q->watch[i].fd);
-			if (pfd[i].revents)
-				q->watch[i].cb(q, q->watch[i].fd,
-					       q->watch[i].arg);
-		}
+		ret = watch_dispatch(q, pfd, n);
+		if (ret)
+			return ret;
 	}
 	hybd_store_release(&q->dev->handed_over, 1);
 	return 0;
@@ -614,7 +656,7 @@ static int worker_loop_poll(struct hybd_queue *q)
 {
 	const struct hybd_driver *drv = &q->dev->drv;
 	struct pollfd pfd[1 + HYBD_QUEUE_MAX_FDS];
-	unsigned int i, n;
+	unsigned int n;
 	uint64_t count;
 	int stop, ret;
 
@@ -639,27 +681,17 @@ static int worker_loop_poll(struct hybd_queue *q)
 
 		pfd[0].fd = q->efd;
 		pfd[0].events = POLLIN;
-		n = 1;
-		for (i = 0; i < q->nr_watch; i++, n++) {
-			pfd[n].fd = q->watch[i].fd;
-			pfd[n].events = POLLIN;
-		}
-		if (poll(pfd, n, -1) < 0) {
+		n = watch_pollfds(q, pfd + 1);
+		if (poll(pfd, 1 + n, -1) < 0) {
 			if (errno == EINTR)
 				continue;
 			return hybd__err(-errno, "queue %u: poll failed", q->id);
 		}
 		if (pfd[0].revents)
 			(void)!read(q->efd, &count, sizeof(count));
-		for (i = 0; i < q->nr_watch; i++) {
-			if (pfd[1 + i].revents & POLLNVAL)
-				return hybd__err(-EBADF,
-						 "queue %u: watched fd %d was closed",
-						 q->id, q->watch[i].fd);
-			if (pfd[1 + i].revents)
-				q->watch[i].cb(q, q->watch[i].fd,
-					       q->watch[i].arg);
-		}
+		ret = watch_dispatch(q, pfd + 1, n);
+		if (ret)
+			return ret;
 	}
 }
 
@@ -714,7 +746,8 @@ void *hybd__worker(void *arg)
 			goto out_report;
 		}
 	}
-	if (q->nr_watch)
+	q->event_mode = q->nr_watch > 0;
+	if (q->event_mode)
 		err = worker_set_eventfd(q);
 	if (!err && q->dev->queue_threads > 1)
 		err = pool_start(q, q->dev->queue_threads);
@@ -725,7 +758,7 @@ void *hybd__worker(void *arg)
 	}
 	worker_report(q, 1);
 
-	err = q->nr_watch ? worker_loop_poll(q) : worker_loop_wait(q);
+	err = q->event_mode ? worker_loop_poll(q) : worker_loop_wait(q);
 	if (err == -ENODEV)	/* the device is gone: a normal end */
 		err = 0;
 
@@ -818,31 +851,110 @@ void *hybd_queue_priv(const struct hybd_queue *q)
 	return q->priv;
 }
 
-int hybd_queue_watch_fd(struct hybd_queue *q, int fd, hybd_fd_cb cb,
-			void *arg)
+static int watch_add(struct hybd_queue *q, int fd, unsigned int events,
+		     hybd_fd_cb cb, hybd_fd_events_cb ecb, void *arg,
+		     const char *fn)
 {
+	unsigned int i, used = 0;
+
 	if (hybd_current_queue != q)
 		return hybd__err(-EINVAL,
-				 "hybd_queue_watch_fd: call it from the queue's worker (queue_init)");
-	if (fd < 0 || !cb)
-		return hybd__err(-EINVAL, "hybd_queue_watch_fd: bad fd %d or no callback",
-				 fd);
+				 "%s: call it from the queue's worker (queue_init)",
+				 fn);
+	if (fd < 0 || (!cb && !ecb))
+		return hybd__err(-EINVAL, "%s: bad fd %d or no callback",
+				 fn, fd);
+	if (events & ~(unsigned int)(POLLIN | POLLOUT | POLLPRI))
+		return hybd__err(-EINVAL,
+				 "%s: events %#x: only POLLIN, POLLOUT, POLLPRI",
+				 fn, events);
 	if (!(q->dev->features & HYBD_F_EVENTFD))
 		return hybd__err(-EOPNOTSUPP,
 				 "the hybd module cannot signal an eventfd (HYBD_F_EVENTFD): update it");
-	if (q->nr_watch == HYBD_QUEUE_MAX_FDS)
+	for (i = 0; i < q->nr_watch; i++) {
+		if (q->watch[i].fd == fd)
+			return hybd__err(-EEXIST, "%s: queue %u watches fd %d already",
+					 fn, q->id, fd);
+		used += q->watch[i].fd >= 0;
+	}
+	/* unwatched slots are reused only at the next wait, which may
+	 * leave the array full for a callback that swaps many fds
+	 */
+	if (used == HYBD_QUEUE_MAX_FDS || q->nr_watch == HYBD_QUEUE_MAX_FDS)
 		return hybd__err(-ENOSPC, "queue %u watches %u fds already",
 				 q->id, HYBD_QUEUE_MAX_FDS);
 	/* a watch added while serving takes effect at the next wait; the
 	 * switch to event mode happens only before serving
 	 */
-	if (q->init_state && !q->nr_watch)
+	if (q->init_state && !q->event_mode)
 		return hybd__err(-EINVAL,
 				 "queue %u: watch the first fd from queue_init",
 				 q->id);
 	q->watch[q->nr_watch].fd = fd;
+	q->watch[q->nr_watch].events = (short)events;
 	q->watch[q->nr_watch].cb = cb;
+	q->watch[q->nr_watch].ecb = ecb;
 	q->watch[q->nr_watch].arg = arg;
 	q->nr_watch++;
+	return 0;
+}
+
+int hybd_queue_watch_fd(struct hybd_queue *q, int fd, hybd_fd_cb cb,
+			void *arg)
+{
+	if (!cb)
+		return hybd__err(-EINVAL, "hybd_queue_watch_fd: bad fd %d or no callback",
+				 fd);
+	return watch_add(q, fd, POLLIN, cb, NULL, arg, "hybd_queue_watch_fd");
+}
+
+int hybd_queue_watch_fd_events(struct hybd_queue *q, int fd,
+			       unsigned int events, hybd_fd_events_cb cb,
+			       void *arg)
+{
+	if (!cb)
+		return hybd__err(-EINVAL, "hybd_queue_watch_fd_events: bad fd %d or no callback",
+				 fd);
+	return watch_add(q, fd, events, NULL, cb, arg,
+			 "hybd_queue_watch_fd_events");
+}
+
+static struct hybd_watch *watch_find(struct hybd_queue *q, int fd,
+				     const char *fn)
+{
+	unsigned int i;
+
+	if (hybd_current_queue != q) {
+		hybd__err(-EINVAL, "%s: call it from the queue's worker", fn);
+		return NULL;
+	}
+	for (i = 0; fd >= 0 && i < q->nr_watch; i++)
+		if (q->watch[i].fd == fd)
+			return &q->watch[i];
+	hybd__err(-ENOENT, "%s: queue %u does not watch fd %d", fn, q->id, fd);
+	return NULL;
+}
+
+int hybd_queue_fd_events(struct hybd_queue *q, int fd, unsigned int events)
+{
+	struct hybd_watch *w = watch_find(q, fd, "hybd_queue_fd_events");
+
+	if (!w)
+		return hybd_current_queue != q ? -EINVAL : -ENOENT;
+	if (events & ~(unsigned int)(POLLIN | POLLOUT | POLLPRI))
+		return hybd__err(-EINVAL,
+				 "hybd_queue_fd_events: events %#x: only POLLIN, POLLOUT, POLLPRI",
+				 events);
+	w->events = (short)events;
+	return 0;
+}
+
+int hybd_queue_unwatch_fd(struct hybd_queue *q, int fd)
+{
+	struct hybd_watch *w = watch_find(q, fd, "hybd_queue_unwatch_fd");
+
+	if (!w)
+		return hybd_current_queue != q ? -EINVAL : -ENOENT;
+	w->fd = -1;
 	return 0;
 }

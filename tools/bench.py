@@ -22,6 +22,18 @@ interleaved round-robin, and reports medians, per-round ranges and ratios:
   cache        hybd ramdisk + cache.bpf.o, warm: 100% fast-path hits
   zero         hybd ramdisk + zero.bpf.o, warm, never-written blocks
   nbd          nbd + nbdkit (memory plugin, Unix socket)
+  nbdk         the kernel nbd client (nbd-client, 2 connections) over TCP
+               to nbdkit's pattern plugin (read-only, no holes: every
+               block different) on loopback in a network namespace with
+               netem adding 0.5 ms each way (the "nbdex" export; read-only
+               so that no client's writes make another's cache stale)
+  nbdexc       examples/nbd (hybd-nbd, 2 queues = 2 connections) on the
+               same export, no fast path: cold reads, each over the network
+  nbdexw       the same with its fast path (nbd.bpf.o), warm: every read
+               from its cache in the kernel
+  nbdexz       the same over a 128 MiB region (4 times its cache), reads
+               zipfian (fio zipf:1.1): the program's counters give the hit
+               rate of a working set larger than the cache
   kloop        the kernel loop device over a file (direct I/O)
   uloop        ublk's loop target (rublk, 1 queue, direct I/O) over
                kloop's file
@@ -59,7 +71,7 @@ interleaved round-robin, and reports medians, per-round ranges and ratios:
                its chunk in the store, in the kernel (no cache to answer)
 
 --only and --skip take line keys and the names of the comparisons the
-report prints (slowpath, fastpath, nbd, loop, loopbdev, crypt, dedup): `make bench
+report prints (slowpath, fastpath, nbd, nbdex, loop, loopbdev, crypt, dedup): `make bench
 BENCH_ARGS='--only loop'` measures the loop drivers alone.
 
 Every line is measured at QD1 (psync, 4 KiB random reads: mean, p50, p99,
@@ -110,6 +122,8 @@ RAMDISK = REPO / "examples" / "ramdisk" / "ramdisk"
 LOOP = REPO / "examples" / "loop" / "hybd-loop"
 DEDUP = REPO / "examples" / "dedup" / "dedup"
 ENCRYPT = REPO / "examples" / "encrypt" / "encrypt"
+NBDEX = REPO / "examples" / "nbd" / "hybd-nbd"
+NBDEX_BPF = REPO / "examples" / "nbd" / "nbd.bpf.o"
 BPF_DIR = REPO / "bpf"
 CONTROL = "/dev/hybd-control"
 KMOD = Path(os.environ.get("HYBD_KMOD", REPO / "kmod" / "hybd.ko"))
@@ -124,6 +138,13 @@ NULLB_DEV = "/dev/nullb0"
 NULLB_TARGET = "/dev/nullb1"
 DM_LINEAR = "hybdbenchlin"
 NBD_DEV = "/dev/nbd0"
+# the nbdex lines: one nbdkit export over TCP in a network namespace with
+# netem on its loopback; the kernel client on its own nbd device
+NBDEX_NS = "hybdbenchnbd"
+NBDEX_PORT = 10809
+NBDEX_SIZE = 256 << 20
+NBDEX_DELAY = "0.5ms"
+NBDK_DEV = "/dev/nbd1"
 DM_NAME = "hybdbench"
 SEQ_BS = 128 << 10
 SEQ_QD = 8
@@ -159,6 +180,19 @@ LINES = {
     "zero": ("hybd + zero (hits)",
              dict(prog="zero", data=False, poll_ns=0, fast=True)),
     "nbd": ("nbd + nbdkit", None),
+    "nbdk": ("kernel nbd client, TCP + 0.5 ms", None),
+    "nbdexc": ("hybd-nbd, cold, TCP + 0.5 ms",
+               dict(prog=None, data=False, poll_ns=0, fast=False,
+                    server="nbd", queues=2)),
+    "nbdexw": ("hybd-nbd + fast path, warm",
+               dict(prog=None, data=False, poll_ns=0, fast=True,
+                    server="nbd", queues=2)),
+    "nbdexz": ("hybd-nbd + fast path, zipf over 128 MiB",
+               dict(prog=None, data=False, poll_ns=0, fast=False,
+                    server="nbd", queues=2, region=128 << 20,
+                    dist="zipf:1.1",
+                    counters=("cache_hits", "zero_hits", "misses"),
+                    total="reads")),
     "kloop": ("kernel loop (file)", None),
     "uloop": ("ublk loop (file)", None),
     "hloop1": ("hybd-loop, 1 queue (file)",
@@ -243,6 +277,10 @@ COMPARISONS = (
      [("cache", "nullblk"), ("zero", "nullblk"), ("cache", "noprog")]),
     ("nbd", "the slow path against nbd + nbdkit",
      [("noprog", "nbd")]),
+    ("nbdex", "examples/nbd against the kernel nbd client (same export, "
+     "TCP + 0.5 ms each way)",
+     [("nbdexc", "nbdk"), ("nbdexw", "nbdk"), ("nbdexw", "nullblk"),
+      ("nbdexz", "nbdexc")]),
     ("loop", "the loop drivers over one kind of file",
      [("uloop", "kloop"), ("hloop1", "uloop"), ("hloop", "uloop"),
       ("hloop", "kloop"), ("bloop", "kloop")]),
@@ -274,6 +312,12 @@ TARGETS = (
      "passthrough", "noprog", "mean_us", 1.05),
     ("slow path QD1 mean <= half of nbd + nbdkit",
      "noprog", "nbd", "mean_us", 0.5),
+    ("hybd-nbd cold QD1 mean <= 1.1x the kernel nbd client's",
+     "nbdexc", "nbdk", "mean_us", 1.1),
+    ("hybd-nbd cold QD32 IOPS >= the kernel nbd client's",
+     "nbdexc", "nbdk", "qd32_iops", 1.0),
+    ("hybd-nbd warm QD1 mean within 1.25x of null_blk",
+     "nbdexw", "nullblk", "mean_us", 1.25),
     ("hybd null QD1 mean <= ublk null's, 1 queue each",
      "hnull1", "unull1", "mean_us", 1.0),
     ("hybd null QD32 IOPS >= ublk null's, 1 queue each",
@@ -769,6 +813,81 @@ def setup_nbd(line, ctx):
     line.info = {"server": " ".join(cmd), "client": " ".join(client)}
 
 
+def ensure_nbdex(ctx):
+    """The nbdex export: nbdkit's pattern plugin on 127.0.0.1:NBDEX_PORT in
+    network namespace NBDEX_NS, whose loopback delays every packet by
+    NBDEX_DELAY (so each way).  Returns its URI; set up once."""
+    if ctx.nbdex_uri:
+        return ctx.nbdex_uri
+    for tool in ("nbdkit", "ip", "tc", "ss"):
+        if not shutil.which(tool):
+            raise BenchError(f"{tool} is not installed (make guest-deps)")
+    run(["modprobe", "sch_netem"])
+    run(["ip", "netns", "add", NBDEX_NS])
+    ctx.cleanup.push(f"ip netns del {NBDEX_NS}", run,
+                     ["ip", "netns", "del", NBDEX_NS])
+    run(["ip", "-n", NBDEX_NS, "link", "set", "lo", "up"])
+    run(["tc", "-n", NBDEX_NS, "qdisc", "add", "dev", "lo", "root", "netem",
+         "delay", NBDEX_DELAY])
+    cmd = ["ip", "netns", "exec", NBDEX_NS, "nbdkit", "--foreground",
+           "--exit-with-parent", "-i", "127.0.0.1", "-p", str(NBDEX_PORT),
+           "pattern", str(NBDEX_SIZE)]
+    log = os.path.join(ctx.tmp, "nbdex-nbdkit.log")
+    with open(log, "w") as f:
+        server = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f,
+                                  stderr=subprocess.STDOUT)
+
+    def stop_nbdkit():
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(timeout=30)
+
+    ctx.cleanup.push("stop the nbdex nbdkit", stop_nbdkit)
+
+    def listening():
+        if server.poll() is not None:
+            raise BenchError(f"nbdkit exited with {server.returncode}: "
+                             f"{read_text(log)}")
+        res = run(["ip", "netns", "exec", NBDEX_NS, "ss", "-Hltn",
+                   f"sport = :{NBDEX_PORT}"], check=False)
+        return str(NBDEX_PORT) in res.stdout
+
+    wait_until(listening, 30, "the nbdex nbdkit to listen", interval=0.2)
+    ctx.nbdex_uri = f"nbd://127.0.0.1:{NBDEX_PORT}/"
+    return ctx.nbdex_uri
+
+
+def nbdk_connected():
+    try:
+        return int(Path(f"/sys/block/{os.path.basename(NBDK_DEV)}/size")
+                   .read_text()) > 0
+    except (OSError, ValueError):
+        return False
+
+
+def setup_nbdk(line, ctx):
+    """The kernel nbd client on the nbdex export: 2 connections, as
+    hybd-nbd's 2 queues."""
+    ensure_nbdex(ctx)
+    if not shutil.which("nbd-client"):
+        raise BenchError("nbd-client is not installed (make guest-deps)")
+    if not module_loaded("nbd"):
+        run(["modprobe", "nbd"])
+        ctx.cleanup.push("rmmod nbd", run, ["modprobe", "-r", "nbd"])
+    wait_until(lambda: os.path.exists(NBDK_DEV), 10, NBDK_DEV)
+    client = ["ip", "netns", "exec", NBDEX_NS, "nbd-client", "127.0.0.1",
+              str(NBDEX_PORT), NBDK_DEV, "-b", str(BS), "-C", "2",
+              "-N", "default"]
+    run(client)
+    ctx.cleanup.push("nbd-client -d", run, ["nbd-client", "-d", NBDK_DEV])
+    wait_until(nbdk_connected, 30, f"{NBDK_DEV} to connect")
+    line.dev = NBDK_DEV
+    line.info = {"client": " ".join(client), "delay": NBDEX_DELAY}
+
+
 def ensure_hybd(ctx):
     """Load kmod/hybd.ko unless it is loaded, check our binaries."""
     if not os.path.exists(CONTROL):
@@ -850,6 +969,14 @@ def setup_hybd(line, ctx):
             ctx.enc_backing = backing
         server = Ramdisk(["--key-file", bench_key(ctx), *spec["flags"],
                           *queue_args(spec), backing], exe=ENCRYPT)
+    elif spec.get("server") == "nbd":
+        if not os.access(NBDEX, os.X_OK):
+            raise BenchError(f"{NBDEX} is not built (make examples)")
+        uri = ensure_nbdex(ctx)
+        fast = ["--bpf", str(NBDEX_BPF)] if spec["fast"] or \
+            spec.get("counters") else []
+        server = Ramdisk(["netns", "exec", NBDEX_NS, str(NBDEX), *fast,
+                          *queue_args(spec), uri], exe="ip")
     elif spec.get("server") == "dedup":
         if not os.access(DEDUP, os.X_OK):
             raise BenchError(f"{DEDUP} is not built (make examples)")
@@ -1023,7 +1150,7 @@ SETUP = {"nullblk": setup_nullblk, "nbd": setup_nbd, "kloop": setup_kloop,
          "dmcrypt": setup_dmcrypt, "dmcryptnw": setup_dmcryptnw,
          "dmlinear": setup_dmlinear,
          "unull1": setup_unull1,
-         "unull": setup_unull, "uloop": setup_uloop}
+         "unull": setup_unull, "uloop": setup_uloop, "nbdk": setup_nbdk}
 
 
 def no_scheduler(dev):
@@ -1043,7 +1170,7 @@ def no_scheduler(dev):
 
 # -------------------------------------------------------------------- fio ---
 
-def fio_cmd(dev, mode, args, runtime=None, region=None):
+def fio_cmd(dev, mode, args, runtime=None, region=None, dist=None):
     seq = mode == "seq"
     region = region or args.region
     rw = "read" if seq else "randwrite" if mode == "qd1w" else "randread"
@@ -1060,6 +1187,8 @@ def fio_cmd(dev, mode, args, runtime=None, region=None):
            # a thread, no disk stats: under TCG a forked job and the
            # disk_util thread cost seconds of start-up per run
            "--thread", "--disk_util=0"]
+    if dist and not seq:
+        cmd.append("--random_distribution=" + dist)
     if mode in ("qd1", "qd1w"):
         cmd += ["--ioengine=psync", "--iodepth=1"]
     elif seq:
@@ -1101,7 +1230,8 @@ def parse_fio(text, what="read"):
 
 
 def fio_run(line, mode, args, runtime=None):
-    cmd = fio_cmd(line.dev, mode, args, runtime, line.region)
+    cmd = fio_cmd(line.dev, mode, args, runtime, line.region,
+                  line.hybd.get("dist") if line.hybd else None)
     counters = bool(line.hybd and line.hybd.get("counters"))
     # the counters after a device's last run are those before its next one:
     # nothing else reads it in between
@@ -1593,6 +1723,7 @@ class Context:
         self.rublk = None           # rublk's version and features
         self.nullblk = False        # null_blk loaded (ensure_nullblk)
         self.next_ublk = 0          # the next ublk device's id
+        self.nbdex_uri = None       # the nbdex export (ensure_nbdex)
 
 
 def measure(lines, args, save=None):

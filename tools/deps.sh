@@ -34,13 +34,13 @@ host_headers() {
 
 # building: the module (headers, pahole for its BTF), libhybd and hybdctl
 # (libbpf, libelf, zlib), the BPF programs (clang); running: insmod, bpftool
-BUILD_PKGS="build-essential clang-14 libbpf-dev bpftool libelf-dev zlib1g-dev liburing-dev libssl-dev \
+BUILD_PKGS="build-essential clang-14 libbpf-dev bpftool libelf-dev zlib1g-dev liburing-dev libssl-dev libnbd-dev \
 dwarves pkg-config kmod udev"
 # the test guest: the kernel it boots and the headers the module is built
 # against for it, qemu and virtme-ng (from PyPI, below), and what the
 # suite, the benchmark and the demo run in it
 GUEST_PKGS="linux-image-6.12-amd64 linux-headers-6.12-amd64 qemu-system-x86 \
-busybox-static fio nbdkit nbd-client util-linux e2fsprogs llvm-14 cryptsetup-bin dmsetup \
+busybox-static fio nbdkit nbd-client iproute2 util-linux e2fsprogs llvm-14 cryptsetup-bin dmsetup \
 python3-pytest python3-matplotlib python3-venv pipx"
 # from bookworm-backports: bookworm's libbpf 1.1 cannot load struct_ops
 # of a module's type

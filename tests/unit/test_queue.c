@@ -7,6 +7,7 @@
  * needed: the commits the library attempts go to fd -1 and fail harmlessly.
  */
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -368,6 +369,23 @@ static void test_batches(void)
 	CHECK(hdr->sq_head == k_sq_tail && hdr->cq_tail == k_cq_head);
 }
 
+static void ev_cb(struct hybd_queue *cq, int fd, unsigned int revents,
+		  void *arg)
+{
+	(void)cq; (void)fd; (void)revents; (void)arg;
+}
+
+/* The 1.11 watch calls belong to the worker thread: this one is not. */
+static void test_watch_outside_worker(void)
+{
+	CHECK(hybd_queue_watch_fd_events(&q, 0, POLLIN | POLLOUT, ev_cb,
+					 NULL) == -EINVAL);
+	CHECK(strstr(hybd_errmsg(), "queue's worker") != NULL);
+	CHECK(hybd_queue_fd_events(&q, 0, POLLOUT) == -EINVAL);
+	CHECK(hybd_queue_unwatch_fd(&q, 0) == -EINVAL);
+	CHECK(q.nr_watch == 0);
+}
+
 int main(void)
 {
 	area = aligned_alloc(4096, AREA_SIZE);
@@ -393,6 +411,7 @@ int main(void)
 	test_no_handler();
 	test_async();
 	test_batches();
+	test_watch_outside_worker();
 
 	hybd__queue_exit(&q);
 	free(area);
