@@ -750,6 +750,25 @@ def setup_dmlinear(line, ctx):
     line.info = {"table": table}
 
 
+def start_nbdkit(ctx, cmd, log, what):
+    """Start nbdkit (cmd) with its output in log; stopped at cleanup
+    (terminate, then kill), under the name what."""
+    with open(log, "w") as f:
+        server = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f,
+                                  stderr=subprocess.STDOUT)
+
+    def stop_nbdkit():
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(timeout=30)
+
+    ctx.cleanup.push(what, stop_nbdkit)
+    return server
+
+
 def nbd_connected():
     try:
         return int(Path("/sys/block/nbd0/size").read_text()) > 0
@@ -766,19 +785,7 @@ def setup_nbd(line, ctx):
     cmd = ["nbdkit", "--unix", sock, "--foreground", "--exit-with-parent",
            "memory", "256M"]
     log = os.path.join(ctx.tmp, "nbdkit.log")
-    with open(log, "w") as f:
-        server = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f,
-                                  stderr=subprocess.STDOUT)
-
-    def stop_nbdkit():
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(timeout=30)
-
-    ctx.cleanup.push("stop nbdkit", stop_nbdkit)
+    server = start_nbdkit(ctx, cmd, log, "stop nbdkit")
     try:
         wait_until(lambda: os.path.exists(sock) or server.poll() is not None,
                    30, "nbdkit's socket")
@@ -833,19 +840,7 @@ def ensure_nbdex(ctx):
            "--exit-with-parent", "-i", "127.0.0.1", "-p", str(NBDEX_PORT),
            "pattern", str(NBDEX_SIZE)]
     log = os.path.join(ctx.tmp, "nbdex-nbdkit.log")
-    with open(log, "w") as f:
-        server = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f,
-                                  stderr=subprocess.STDOUT)
-
-    def stop_nbdkit():
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(timeout=30)
-
-    ctx.cleanup.push("stop the nbdex nbdkit", stop_nbdkit)
+    server = start_nbdkit(ctx, cmd, log, "stop the nbdex nbdkit")
 
     def listening():
         if server.poll() is not None:
