@@ -146,14 +146,64 @@ def test_bpf_loop_fio_verify(dio_fs, servers, fastpath, tmp_path, kind):
             # allocating: those writes were started again where they may
             # wait, and read back right
             assert delta(s, base)["remap_waited"] > 0, s
+            assert delta(s, base)["remap_direct"] == 0, s
+        else:
+            # check_offsets' O_DIRECT calls are issued inside their
+            # submit_bio(): queue_rq cloned those bios onto the target
+            assert delta(s, base)["remap_direct"] > 0, s
         record(f"test_bpf_loop_fio_verify[{kind}]",
                f"remapped={s['remapped']} reads={s['reads']} "
-               f"writes={s['writes']} waited={s['remap_waited']}")
+               f"writes={s['writes']} waited={s['remap_waited']} "
+               f"direct={s['remap_direct']}")
         detach_ok(srv.dev)
         srv.stop()
     finally:
         if ctx is not None:
             ctx.__exit__(None, None, None)
+
+
+def test_block_device_target_errors_reach_the_submitter(servers, fastpath,
+                                                        tmp_path):
+    """A block device target that fails I/O (the second half of a dm
+    device is dm's error target): remapped reads and writes there fail
+    with EIO, those queue_rq cloned onto the target inside the submitter's
+    submit_bio() (O_DIRECT) and those through the page cache alike; the
+    first half keeps its data."""
+    half = 4 * MiB
+    dm = f"hybd-err-{os.getpid()}"
+    with loop_device(sparse(tmp_path / "disk.img", half)) as loop:
+        s = half // 512
+        run([need_tool("dmsetup"), "create", dm],
+            input=f"0 {s} linear {loop} 0\n{s} {s} error\n", check=True)
+        try:
+            srv = start_loop(servers, f"/dev/mapper/{dm}")
+            fastpath.attach(prog("loop"), srv.dev)
+            base = stats(srv.dev)
+            good = pattern("dm-good", 64 * 1024)
+            direct_write(srv.dev, half - len(good), good)
+            assert direct_read(srv.dev, half - len(good), len(good)) == good
+            for off in (half, 2 * half - BLOCK):
+                assert io_errno(direct_read, srv.dev, off, BLOCK) == \
+                    errno.EIO, off
+                assert io_errno(direct_write, srv.dev, off,
+                                pattern(f"w{off}", BLOCK)) == errno.EIO, off
+            mid = stats(srv.dev)
+            d = delta(mid, base)
+            assert d["remap_direct"] == d["remapped"] >= 6, d
+            assert d["fast_errors"] == 4 and d["slow_issued"] == 0, d
+            assert prog_globals(srv.dev)["remap_errors"] == 4
+            with open(srv.dev, "rb", buffering=0) as f:
+                f.seek(half + BLOCK)
+                with pytest.raises(OSError) as e:
+                    f.read(BLOCK)
+                assert e.value.errno == errno.EIO
+            d = delta(stats(srv.dev), mid)
+            assert d["fast_errors"] > 0 and d["slow_issued"] == 0, d
+            assert direct_read(srv.dev, half - len(good), len(good)) == good
+            detach_ok(srv.dev)
+            srv.stop()
+        finally:
+            run(["dmsetup", "remove", dm], check=True)
 
 
 @pytest.mark.time_limit(900)

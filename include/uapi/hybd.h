@@ -334,7 +334,14 @@ struct hybd_dev_stats {
 	 * leaves it 0)
 	 */
 	__u64	remap_waited;
-	__u64	reserved[6];
+	/*
+	 * HYBD_F_REMAP: remapped reads and writes on a block device target
+	 * that queue_rq started itself, as clones of their bios, because it
+	 * ran inside a submit_bio() (a submitter's direct issue); the others
+	 * start in a worker (a module that predates the counter leaves it 0)
+	 */
+	__u64	remap_direct;
+	__u64	reserved[5];
 };
 
 /* HYBD_CTL_INFO */
