@@ -394,6 +394,9 @@ static blk_status_t hybd_queue_rq(struct blk_mq_hw_ctx *hctx,
 
 	rcu_read_lock();
 	sts = __hybd_queue_rq(q, bd, &issue);
+	/* the issue may sleep: the batch's earlier requests go first */
+	if (issue)
+		hybd_end_batch(q);
 	rcu_read_unlock();
 	if (issue)
 		hybd_remap_issue(q, issue);

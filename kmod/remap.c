@@ -614,14 +614,39 @@ static void hybd_remap_queue(struct hybd_queue *q, struct hybd_tag *t,
 /*
  * A read or write on a block device target is started by queue_rq itself,
  * in the submitter's context, as clones of the request's bios on the
- * target, as dm-linear maps its bios: no worker to wake, no copy (clones
- * share the request's bio_vecs, which hybd_remap_prepare() checked).  The
- * tag set is BLK_MQ_F_BLOCKING for this: submit_bio_noacct() may sleep.
- * Inside a submit_bio() (a submitter's direct issue), the block layer
- * holds the clones on current->bio_list and submits them once that
- * returns; elsewhere (a plug's flush, blk-mq's work) they go at once.
+ * target: no worker to wake, no copy (clones share the request's
+ * bio_vecs, which hybd_remap_prepare() checked).  The tag set is
+ * BLK_MQ_F_BLOCKING for this: submit_bio_noacct() may sleep.
+ *
+ * Only where submitting cannot reach back into what called queue_rq:
+ *  - inside a submit_bio() (a submitter's direct issue), with nothing
+ *    waiting on current->bio_list: the block layer holds the clones
+ *    there and submits them once that returns, as dm-linear's go.  (A
+ *    split's remainder waiting there may wait for our tag: the clones
+ *    would wait behind it.)
+ *  - with neither a bio_list nor a plug (blk-mq's work): they go at once.
+ * In a plug's flush they would join the plug being flushed; under a
+ * caller's RCU or lock (a request-based dm device above, which issues
+ * into queue_rq) they must not sleep.  There, and when a clone cannot be
+ * had at once, the request goes to the workers.
  */
 static struct bio_set hybd_remap_bs;
+
+static bool hybd_remap_may_clone(struct hybd_tag *t, struct block_device *bdev)
+{
+	struct bio_list *pending = current->bio_list;
+
+	if (!preemptible() || rcu_preempt_depth())
+		return false;
+	if (pending ? !bio_list_empty(&pending[0]) ||
+		      !bio_list_empty(&pending[1]) : current->plug != NULL)
+		return false;
+	/* a submitter that must not wait, on a target that cannot say so */
+	if ((t->rq->cmd_flags & REQ_NOWAIT) && !bdev_nowait(bdev))
+		return false;
+	/* direct I/O refuses it with EPERM; a bio would only be warned of */
+	return t->bio.op != HYBD_OP_WRITE || !bdev_read_only(bdev);
+}
 
 static void hybd_remap_bio_done(struct bio *clone)
 {
@@ -629,15 +654,15 @@ static void hybd_remap_bio_done(struct bio *clone)
 	struct hybd_remap *r = &t->remap;
 	int err = blk_status_to_errno(clone->bi_status);
 
+	/* a REQ_NOWAIT clone the target could not take without waiting */
+	if ((clone->bi_opf & REQ_NOWAIT) && err == -EOPNOTSUPP)
+		err = -EAGAIN;
 	bio_put(clone);
 	if (err)
 		cmpxchg(&r->ret, 0, err);	/* the first error wins */
 	if (!atomic_dec_and_test(&r->ref))
 		return;
-	/*
-	 * A REQ_NOWAIT clone the target could not take without waiting (no
-	 * tag, a split): all of it again, where it may wait.
-	 */
+	/* all of it again, where it may wait (no tag, a split) */
 	if (r->ret == -EAGAIN) {
 		r->ret = 0;
 		hybd_remap_wait(t->rq->mq_hctx->driver_data, r);
@@ -648,7 +673,15 @@ static void hybd_remap_bio_done(struct bio *clone)
 	blk_mq_complete_request(t->rq);
 }
 
-/* Clone @t's bios onto its target and submit them; false: no memory. */
+/*
+ * What a clone keeps of its bio's flags: hints for the target's
+ * scheduler and throttling, not how the bio was submitted (REQ_POLLED,
+ * the allocation cache) nor its durability, which is set anew.
+ */
+#define HYBD_CLONE_KEEP	(REQ_SYNC | REQ_META | REQ_PRIO | REQ_IDLE | \
+			 REQ_BACKGROUND | REQ_RAHEAD | REQ_FAILFAST_MASK)
+
+/* Clone @t's bios onto its target and submit them; false: not started. */
 static bool hybd_remap_bio(struct hybd_queue *q, struct hybd_tag *t)
 {
 	struct hybd_remap *r = &t->remap;
@@ -656,23 +689,27 @@ static bool hybd_remap_bio(struct hybd_queue *q, struct hybd_tag *t)
 	struct block_device *bdev = file_bdev(r->target->file);
 	bool write = t->bio.op == HYBD_OP_WRITE;
 	sector_t sector = r->pos >> SECTOR_SHIFT;
-	blk_opf_t opf, keep = REQ_SYNC | REQ_META | REQ_PRIO | REQ_IDLE;
-	/* a submitter that must not wait (io_uring's) waits for no memory */
-	gfp_t gfp = rq->cmd_flags & REQ_NOWAIT ? GFP_NOWAIT : GFP_NOIO;
+	blk_opf_t opf, keep = HYBD_CLONE_KEEP;
 	struct bio_list clones;
 	struct bio *bio, *clone;
-	unsigned int nr = 0;
+	unsigned int nr = 0, noio;
 
-	/* nor for the target: its BLK_STS_AGAIN goes to a worker */
-	if (bdev_nowait(bdev))
-		keep |= REQ_NOWAIT;
+	if (!hybd_remap_may_clone(t, bdev))
+		return false;
+	/* a submitter's REQ_NOWAIT stays: BLK_STS_AGAIN goes to a worker */
+	keep |= REQ_NOWAIT;
 	opf = write ? REQ_OP_WRITE : REQ_OP_READ;
 	/* without a write cache, what a write completed must stay */
 	if (write && ((rq->cmd_flags & REQ_FUA) || !hybd_remap_cached(t)))
 		opf |= REQ_FUA;
 	bio_list_init(&clones);
+	/*
+	 * Never wait for a clone: the pool is shared, and clones held here
+	 * or parked on current->bio_list would be what it waits for.
+	 */
 	__rq_for_each_bio(bio, rq) {
-		clone = bio_alloc_clone(bdev, bio, gfp, &hybd_remap_bs);
+		clone = bio_alloc_clone(bdev, bio, GFP_NOWAIT | __GFP_NOWARN,
+					&hybd_remap_bs);
 		if (!clone)
 			goto fail;
 		clone->bi_opf = opf | (bio->bi_opf & keep);
@@ -686,9 +723,12 @@ static bool hybd_remap_bio(struct hybd_queue *q, struct hybd_tag *t)
 	r->ret = 0;
 	atomic_set(&r->ref, nr);
 	hybd_stat_inc(q, remap_direct);
+	/* the target's splits allocate: not with I/O to this device */
+	noio = memalloc_noio_save();
 	/* the last clone may end the request: @t is not looked at after */
 	while ((clone = bio_list_pop(&clones)))
 		submit_bio_noacct(clone);
+	memalloc_noio_restore(noio);
 	return true;
 fail:
 	while ((clone = bio_list_pop(&clones)))
@@ -697,7 +737,7 @@ fail:
 }
 
 /**
- * hybd_remap_issue() - start a remap queue_rq keeps for itself
+ * hybd_remap_issue() - start a read or write on a block device target
  * @q: its queue
  * @t: its tag, for which hybd_remap_start() returned true
  *
@@ -705,11 +745,8 @@ fail:
  */
 void hybd_remap_issue(struct hybd_queue *q, struct hybd_tag *t)
 {
-	unsigned int pflags = hybd_remap_worker_enter();
-
 	if (!hybd_remap_bio(q, t))
 		hybd_remap_queue(q, t, true);
-	hybd_remap_worker_exit(pflags);
 }
 
 int hybd_remap_init(void)
