@@ -22,6 +22,7 @@
 #include <linux/falloc.h>
 #include <linux/file.h>
 #include <linux/fs.h>
+#include <linux/pagemap.h>
 #include <linux/rcupdate.h>
 #include <linux/sched.h>
 #include <linux/sched/mm.h>
@@ -640,6 +641,15 @@ static bool hybd_remap_may_clone(struct hybd_tag *t, struct block_device *bdev)
 		return false;
 	if (pending ? !bio_list_empty(&pending[0]) ||
 		      !bio_list_empty(&pending[1]) : current->plug != NULL)
+		return false;
+	/*
+	 * Direct I/O writes back and drops what the target's page cache
+	 * holds of the range (a program read the disk there); a clone would
+	 * not: then the workers' direct I/O keeps that cache coherent.
+	 */
+	if (bdev->bd_mapping->nrpages &&
+	    filemap_range_has_page(bdev->bd_mapping, t->remap.pos,
+				   t->remap.pos + t->bio.bytes - 1))
 		return false;
 	/* a submitter that must not wait, on a target that cannot say so */
 	if ((t->rq->cmd_flags & REQ_NOWAIT) && !bdev_nowait(bdev))

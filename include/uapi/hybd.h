@@ -919,9 +919,9 @@ struct hybd_srv_resize {
  *                  context, as dm-linear maps a bio (from a plug's flush,
  *                  direct I/O from the device's kernel worker); FUA, or a
  *                  write on a device without a write cache, is a FUA
- *                  write.  The target's page cache is not invalidated, as
- *                  for the disk under a dm-linear device: read a target
- *                  with O_DIRECT while it is registered.  On a
+ *                  write.  Where the target's page cache holds any of
+ *                  the range, direct I/O from the worker instead, which
+ *                  keeps that cache coherent.  On a
  *                  file, direct I/O on the request's own pages (no copy),
  *                  from the device's kernel worker; FUA becomes a data
  *                  sync of the range; an I/O that stops short goes on
