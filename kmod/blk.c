@@ -278,10 +278,10 @@ static void hybd_issue(struct hybd_queue *q, struct hybd_tag *t, u32 tag)
 	WRITE_ONCE(q->sq_tail, q->sq_tail + 1);
 }
 
-static blk_status_t hybd_queue_rq(struct blk_mq_hw_ctx *hctx,
-				  const struct blk_mq_queue_data *bd)
+static blk_status_t __hybd_queue_rq(struct hybd_queue *q,
+				    const struct blk_mq_queue_data *bd,
+				    struct hybd_tag **issue)
 {
-	struct hybd_queue *q = hctx->driver_data;
 	struct request *rq = bd->rq;
 	unsigned int tag = rq->tag;
 	u32 bytes = blk_rq_bytes(rq);
@@ -329,7 +329,8 @@ static blk_status_t hybd_queue_rq(struct blk_mq_hw_ctx *hctx,
 	else
 		ret = hybd_bpf_submit(q, t);
 	if (ret == HYBD_BPF_REMAPPED) {
-		hybd_remap_start(q, t, bd->last);
+		if (hybd_remap_start(q, t, bd->last))
+			*issue = t;
 		if (bd->last)
 			hybd_end_batch(q);
 		return BLK_STS_OK;
@@ -376,13 +377,41 @@ static blk_status_t hybd_queue_rq(struct blk_mq_hw_ctx *hctx,
 	return BLK_STS_OK;
 }
 
+/*
+ * The tag set is BLK_MQ_F_BLOCKING so that a remap on a block device can
+ * be started here, in the submitter's context, where submit_bio() may
+ * sleep (hybd_remap_issue()).  All else runs in an RCU read-side section,
+ * as in a queue_rq that does not block: the program and what it reads,
+ * the ring, and what waits for them with synchronize_rcu() (a detach, a
+ * remap barrier, a target's removal).
+ */
+static blk_status_t hybd_queue_rq(struct blk_mq_hw_ctx *hctx,
+				  const struct blk_mq_queue_data *bd)
+{
+	struct hybd_queue *q = hctx->driver_data;
+	struct hybd_tag *issue = NULL;
+	blk_status_t sts;
+
+	rcu_read_lock();
+	sts = __hybd_queue_rq(q, bd, &issue);
+	/* the issue may sleep: the batch's earlier requests go first */
+	if (issue)
+		hybd_end_batch(q);
+	rcu_read_unlock();
+	if (issue)
+		hybd_remap_issue(q, issue);
+	return sts;
+}
+
 /* blk-mq stopped a batch early: publish what queue_rq left unpublished. */
 static void hybd_commit_rqs(struct blk_mq_hw_ctx *hctx)
 {
 	struct hybd_queue *q = hctx->driver_data;
 
+	rcu_read_lock();
 	spin_lock(&q->lock);
 	hybd_unlock_publish(q, true);
+	rcu_read_unlock();
 }
 
 /*

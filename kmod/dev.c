@@ -85,7 +85,8 @@ static int hybd_dev_init_tag_set(struct hybd_dev *dev)
 	set->queue_depth = dev->params.basic.queue_depth;
 	set->numa_node = NUMA_NO_NODE;
 	set->timeout = tmo ? tmo * HZ : HYBD_LIVENESS_TIMEOUT;
-	set->flags = BLK_MQ_F_SHOULD_MERGE;
+	/* queue_rq starts remaps on block devices (hybd_queue_rq()) */
+	set->flags = BLK_MQ_F_SHOULD_MERGE | BLK_MQ_F_BLOCKING;
 	set->driver_data = dev;
 	return blk_mq_alloc_tag_set(set);
 }

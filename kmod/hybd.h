@@ -155,7 +155,7 @@ struct hybd_queue_stats {
 	u64 bpf_bad_ret, bpf_unfilled, bpf_pass_zeroes;
 	u64 timed_out;
 	u64 held, reissued;
-	u64 remapped, remap_refused, remap_waited;
+	u64 remapped, remap_refused, remap_waited, remap_direct;
 	u64 fast_lat[HYBD_LAT_BUCKETS];
 	u64 slow_lat[HYBD_LAT_BUCKETS];
 };
@@ -438,7 +438,10 @@ void hybd_remap_init_queue(struct hybd_queue *q);
 int hybd_remap_prepare(struct hybd_queue *q, struct hybd_tag *t, u32 index,
 		       u64 offset);
 void hybd_remap_drop(struct hybd_queue *q, struct hybd_tag *t);
-void hybd_remap_start(struct hybd_queue *q, struct hybd_tag *t, bool last);
+bool hybd_remap_start(struct hybd_queue *q, struct hybd_tag *t, bool last);
+void hybd_remap_issue(struct hybd_queue *q, struct hybd_tag *t);
+int hybd_remap_init(void);
+void hybd_remap_exit(void);
 int hybd_remap_end(struct hybd_queue *q, struct request *rq);
 
 /* ring.c */

@@ -187,13 +187,19 @@ static int __init hybd_init(void)
 		pr_warn("BPF fast path unavailable (%d)\n", ret);
 	hybd_bpf_ready = !ret;
 
-	ret = hybd_ctl_init();
+	ret = hybd_remap_init();
 	if (ret)
 		goto out_class;
+
+	ret = hybd_ctl_init();
+	if (ret)
+		goto out_remap;
 
 	pr_info("loaded: version %s, ABI %u\n", HYBD_VERSION, HYBD_ABI_VERSION);
 	return 0;
 
+out_remap:
+	hybd_remap_exit();
 out_class:
 	class_destroy(hybd_class);
 out_chrdev:
@@ -214,6 +220,7 @@ static void __exit hybd_exit(void)
 	hybd_delete_all();
 	/* the tails of the last start and delete works */
 	destroy_workqueue(hybd_wq);
+	hybd_remap_exit();
 	class_destroy(hybd_class);
 	unregister_chrdev_region(hybd_srv_devt, HYBD_MAX_DEVICES);
 	pr_info("unloaded\n");

@@ -2,10 +2,11 @@
 /*
  * hybd - remaps: requests a fast path served on a backing target.
  *
- * A remapped request is direct I/O on the request's own pages, started
- * from a worker (queue_rq must not sleep, the file system may), as the
- * loop driver does.  A block device target goes the same way: its direct
- * I/O builds bios on the request's pages, without a copy.
+ * A remapped request on a file is direct I/O on the request's own pages,
+ * started from a worker (a file system may take its time in the call), as
+ * the loop driver does.  One on a block device is started by queue_rq
+ * itself, as clones of the request's bios (hybd_remap_issue()); what a
+ * worker does for it is only a fallback, as direct I/O on the device.
  *
  * Each queue's reads and writes are started in batches by one work of
  * the queue's, without waiting where the target can tell (IOCB_NOWAIT);
@@ -21,6 +22,7 @@
 #include <linux/falloc.h>
 #include <linux/file.h>
 #include <linux/fs.h>
+#include <linux/pagemap.h>
 #include <linux/rcupdate.h>
 #include <linux/sched.h>
 #include <linux/sched/mm.h>
@@ -610,6 +612,163 @@ static void hybd_remap_queue(struct hybd_queue *q, struct hybd_tag *t,
 		queue_work(q->dev->remap_batch_wq, &q->remap_work);
 }
 
+/*
+ * A read or write on a block device target is started by queue_rq itself,
+ * in the submitter's context, as clones of the request's bios on the
+ * target: no worker to wake, no copy (clones share the request's
+ * bio_vecs, which hybd_remap_prepare() checked).  The tag set is
+ * BLK_MQ_F_BLOCKING for this: submit_bio_noacct() may sleep.
+ *
+ * Only where submitting cannot reach back into what called queue_rq:
+ *  - inside a submit_bio() (a submitter's direct issue), with nothing
+ *    waiting on current->bio_list: the block layer holds the clones
+ *    there and submits them once that returns, as dm-linear's go.  (A
+ *    split's remainder waiting there may wait for our tag: the clones
+ *    would wait behind it.)
+ *  - with neither a bio_list nor a plug (blk-mq's work): they go at once.
+ * In a plug's flush they would join the plug being flushed; under a
+ * caller's RCU or lock (a request-based dm device above, which issues
+ * into queue_rq) they must not sleep.  There, and when a clone cannot be
+ * had at once, the request goes to the workers.
+ */
+static struct bio_set hybd_remap_bs;
+
+static bool hybd_remap_may_clone(struct hybd_tag *t, struct block_device *bdev)
+{
+	struct bio_list *pending = current->bio_list;
+
+	if (!preemptible() || rcu_preempt_depth())
+		return false;
+	if (pending ? !bio_list_empty(&pending[0]) ||
+		      !bio_list_empty(&pending[1]) : current->plug != NULL)
+		return false;
+	/*
+	 * Direct I/O writes back and drops what the target's page cache
+	 * holds of the range (a program read the disk there); a clone would
+	 * not: then the workers' direct I/O keeps that cache coherent.
+	 */
+	if (bdev->bd_mapping->nrpages &&
+	    filemap_range_has_page(bdev->bd_mapping, t->remap.pos,
+				   t->remap.pos + t->bio.bytes - 1))
+		return false;
+	/* a submitter that must not wait, on a target that cannot say so */
+	if ((t->rq->cmd_flags & REQ_NOWAIT) && !bdev_nowait(bdev))
+		return false;
+	/* direct I/O refuses it with EPERM; a bio would only be warned of */
+	return t->bio.op != HYBD_OP_WRITE || !bdev_read_only(bdev);
+}
+
+static void hybd_remap_bio_done(struct bio *clone)
+{
+	struct hybd_tag *t = clone->bi_private;
+	struct hybd_remap *r = &t->remap;
+	int err = blk_status_to_errno(clone->bi_status);
+
+	/* a REQ_NOWAIT clone the target could not take without waiting */
+	if ((clone->bi_opf & REQ_NOWAIT) && err == -EOPNOTSUPP)
+		err = -EAGAIN;
+	bio_put(clone);
+	if (err)
+		cmpxchg(&r->ret, 0, err);	/* the first error wins */
+	if (!atomic_dec_and_test(&r->ref))
+		return;
+	/* all of it again, where it may wait (no tag, a split) */
+	if (r->ret == -EAGAIN) {
+		r->ret = 0;
+		hybd_remap_wait(t->rq->mq_hctx->driver_data, r);
+		return;
+	}
+	if (!r->ret)
+		r->ret = t->bio.bytes;
+	blk_mq_complete_request(t->rq);
+}
+
+/*
+ * What a clone keeps of its bio's flags: hints for the target's
+ * scheduler and throttling, not how the bio was submitted (REQ_POLLED,
+ * the allocation cache) nor its durability, which is set anew.
+ */
+#define HYBD_CLONE_KEEP	(REQ_SYNC | REQ_META | REQ_PRIO | REQ_IDLE | \
+			 REQ_BACKGROUND | REQ_RAHEAD | REQ_FAILFAST_MASK)
+
+/* Clone @t's bios onto its target and submit them; false: not started. */
+static bool hybd_remap_bio(struct hybd_queue *q, struct hybd_tag *t)
+{
+	struct hybd_remap *r = &t->remap;
+	struct request *rq = t->rq;
+	struct block_device *bdev = file_bdev(r->target->file);
+	bool write = t->bio.op == HYBD_OP_WRITE;
+	sector_t sector = r->pos >> SECTOR_SHIFT;
+	blk_opf_t opf, keep = HYBD_CLONE_KEEP;
+	struct bio_list clones;
+	struct bio *bio, *clone;
+	unsigned int nr = 0, noio;
+
+	if (!hybd_remap_may_clone(t, bdev))
+		return false;
+	/* a submitter's REQ_NOWAIT stays: BLK_STS_AGAIN goes to a worker */
+	keep |= REQ_NOWAIT;
+	opf = write ? REQ_OP_WRITE : REQ_OP_READ;
+	/* without a write cache, what a write completed must stay */
+	if (write && ((rq->cmd_flags & REQ_FUA) || !hybd_remap_cached(t)))
+		opf |= REQ_FUA;
+	bio_list_init(&clones);
+	/*
+	 * Never wait for a clone: the pool is shared, and clones held here
+	 * or parked on current->bio_list would be what it waits for.
+	 */
+	__rq_for_each_bio(bio, rq) {
+		clone = bio_alloc_clone(bdev, bio, GFP_NOWAIT | __GFP_NOWARN,
+					&hybd_remap_bs);
+		if (!clone)
+			goto fail;
+		clone->bi_opf = opf | (bio->bi_opf & keep);
+		clone->bi_iter.bi_sector = sector;
+		sector += bio_sectors(bio);
+		clone->bi_end_io = hybd_remap_bio_done;
+		clone->bi_private = t;
+		bio_list_add(&clones, clone);
+		nr++;
+	}
+	r->ret = 0;
+	atomic_set(&r->ref, nr);
+	hybd_stat_inc(q, remap_direct);
+	/* the target's splits allocate: not with I/O to this device */
+	noio = memalloc_noio_save();
+	/* the last clone may end the request: @t is not looked at after */
+	while ((clone = bio_list_pop(&clones)))
+		submit_bio_noacct(clone);
+	memalloc_noio_restore(noio);
+	return true;
+fail:
+	while ((clone = bio_list_pop(&clones)))
+		bio_put(clone);
+	return false;
+}
+
+/**
+ * hybd_remap_issue() - start a read or write on a block device target
+ * @q: its queue
+ * @t: its tag, for which hybd_remap_start() returned true
+ *
+ * Context: queue_rq, outside its RCU read-side section; may sleep.
+ */
+void hybd_remap_issue(struct hybd_queue *q, struct hybd_tag *t)
+{
+	if (!hybd_remap_bio(q, t))
+		hybd_remap_queue(q, t, true);
+}
+
+int hybd_remap_init(void)
+{
+	return bioset_init(&hybd_remap_bs, BIO_POOL_SIZE, 0, 0);
+}
+
+void hybd_remap_exit(void)
+{
+	bioset_exit(&hybd_remap_bs);
+}
+
 void hybd_remap_init_queue(struct hybd_queue *q)
 {
 	unsigned int i;
@@ -628,15 +787,20 @@ void hybd_remap_init_queue(struct hybd_queue *q)
  * @t: its tag, remapped by submit()
  * @last: no other request follows it in this dispatch (bd->last)
  *
- * Context: queue_rq; does not sleep (the I/O starts in a worker).
+ * Context: queue_rq, in its RCU read-side section; does not sleep.
+ * Return: true if queue_rq is to start it itself, after that section
+ * (hybd_remap_issue(): a read or write on a block device); else it
+ * starts in a worker.
  */
-void hybd_remap_start(struct hybd_queue *q, struct hybd_tag *t, bool last)
+bool hybd_remap_start(struct hybd_queue *q, struct hybd_tag *t, bool last)
 {
 	t->remap.ret = 0;
 	t->remap.done = 0;
 	WRITE_ONCE(t->state, HYBD_TAG_REMAP);
 	if (hybd_remap_is_rw(t->bio.op)) {
 		atomic_inc(&q->remaps);
+		if (t->remap.target->bdev)
+			return true;
 		hybd_remap_queue(q, t, last);
 	} else {
 		/*
@@ -645,6 +809,7 @@ void hybd_remap_start(struct hybd_queue *q, struct hybd_tag *t, bool last)
 		 */
 		WARN_ON_ONCE(!queue_work(q->dev->remap_wq, &t->remap.work));
 	}
+	return false;
 }
 
 /**

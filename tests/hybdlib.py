@@ -81,7 +81,7 @@ STATS_FIELDS = (
     "write_zeroes", "rej_bad_tag", "rej_not_outstanding", "rej_stale_seq",
     "rej_bad_result", "rej_ring_index", "bpf_bad_ret", "timed_out",
     "bpf_unfilled", "bpf_pass_zeroes", "held", "reissued", "remapped",
-    "remap_refused", "remap_waited",
+    "remap_refused", "remap_waited", "remap_direct",
 )
 REJ_FIELDS = tuple(f for f in STATS_FIELDS if f.startswith("rej_"))
 

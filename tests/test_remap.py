@@ -99,6 +99,9 @@ def check_offsets(dev, path, size, seed):
     what the target holds is what the device reads."""
     for i, off in enumerate((0, 5 * MiB + 8 * BLOCK, size - 64 * 1024)):
         data = pattern(f"{seed}-{i}", 64 * 1024)
+        # the target's page cache holds the old data of the range: a
+        # remapped write must not leave it there
+        file_read(path, off, len(data))
         direct_write(dev, off, data)
         got = file_read(path, off, len(data))
         assert got == data, f"target at {off}: {first_difference(got, data)}"
@@ -137,6 +140,7 @@ def test_bpf_loop_fio_verify(dio_fs, servers, fastpath, tmp_path, kind):
         base = stats(srv.dev)
         for bs, qd, per_job in CASES:
             fio_verify(srv.dev, bs, per_job, 2, iodepth=qd)
+        mid = stats(srv.dev)
         check_offsets(srv.dev, target, size, kind)
         s = stats(srv.dev)
         assert_all_remapped(s, base)
@@ -146,14 +150,96 @@ def test_bpf_loop_fio_verify(dio_fs, servers, fastpath, tmp_path, kind):
             # allocating: those writes were started again where they may
             # wait, and read back right
             assert delta(s, base)["remap_waited"] > 0, s
+            assert delta(s, base)["remap_direct"] == 0, s
+        else:
+            # fio's QD1 O_DIRECT calls are issued inside their
+            # submit_bio(): queue_rq cloned them onto the target; not
+            # check_offsets', whose ranges the target's page cache holds
+            d = delta(mid, base)
+            assert 0 < d["remap_direct"] < d["reads"] + d["writes"], d
+            d = delta(s, mid)
+            assert d["remap_direct"] == 0 < d["remapped"], d
         record(f"test_bpf_loop_fio_verify[{kind}]",
                f"remapped={s['remapped']} reads={s['reads']} "
-               f"writes={s['writes']} waited={s['remap_waited']}")
+               f"writes={s['writes']} waited={s['remap_waited']} "
+               f"direct={s['remap_direct']}")
         detach_ok(srv.dev)
         srv.stop()
     finally:
         if ctx is not None:
             ctx.__exit__(None, None, None)
+
+
+def test_block_device_target_errors_reach_the_submitter(servers, fastpath,
+                                                        tmp_path):
+    """A block device target that fails I/O (the middle third of a dm
+    device is dm's error target): remapped reads and writes there fail
+    with EIO, those queue_rq cloned onto the target inside the submitter's
+    submit_bio() (O_DIRECT) and those through the page cache alike; the
+    rest keeps its data."""
+    third = 4 * MiB
+    dm = f"hybd-err-{os.getpid()}"
+    with loop_device(sparse(tmp_path / "disk.img", 2 * third)) as loop:
+        s = third // 512
+        run([need_tool("dmsetup"), "create", dm], check=True,
+            input=f"0 {s} linear {loop} 0\n{s} {s} error\n"
+                  f"{2 * s} {s} linear {loop} {s}\n")
+        srv = None
+        try:
+            srv = start_loop(servers, f"/dev/mapper/{dm}")
+            fastpath.attach(prog("loop"), srv.dev)
+            base = stats(srv.dev)
+            good = pattern("dm-good", 64 * 1024)
+            for off in (third - len(good), 2 * third):
+                direct_write(srv.dev, off, good)
+                assert direct_read(srv.dev, off, len(good)) == good, off
+            for off in (third, 2 * third - BLOCK):
+                assert io_errno(direct_read, srv.dev, off, BLOCK) == \
+                    errno.EIO, off
+                assert io_errno(direct_write, srv.dev, off,
+                                pattern(f"w{off}", BLOCK)) == errno.EIO, off
+            mid = stats(srv.dev)
+            d = delta(mid, base)
+            assert d["remap_direct"] == d["remapped"] >= 8, d
+            assert d["fast_errors"] == 4 and d["slow_issued"] == 0, d
+            assert prog_globals(srv.dev)["remap_errors"] == 4
+            with open(srv.dev, "rb", buffering=0) as f:
+                f.seek(third + BLOCK)
+                with pytest.raises(OSError) as e:
+                    f.read(BLOCK)
+                assert e.value.errno == errno.EIO
+            d = delta(stats(srv.dev), mid)
+            assert d["fast_errors"] > 0 and d["slow_issued"] == 0, d
+            for off in (third - len(good), 2 * third):
+                assert direct_read(srv.dev, off, len(good)) == good, off
+            detach_ok(srv.dev)
+        finally:
+            if srv is not None:
+                srv.stop()
+            run(["dmsetup", "remove", "--retry", dm], check=True)
+
+
+def test_block_device_target_split_at_depth_1(servers, fastpath, tmp_path):
+    """One tag and requests of 64 KiB: a 1 MiB O_DIRECT read or write is
+    split, and the remainder waits for the tag the first part holds.  The
+    first part must not wait behind the remainder (its clones would, on
+    current->bio_list): it goes to a worker, and all completes with the
+    right data."""
+    with loop_device(sparse(tmp_path / "disk.img", 16 * MiB)) as loop:
+        srv = start_loop(servers, loop, "--depth", "1", "--max-io", "64K")
+        fastpath.attach(prog("loop"), srv.dev)
+        base = stats(srv.dev)
+        data = pattern("split-1m", MiB)
+        direct_write(srv.dev, 3 * MiB, data)
+        got = direct_read(srv.dev, 3 * MiB, MiB)
+        assert got == data, first_difference(got, data)
+        d = delta(stats(srv.dev), base)
+        assert_all_remapped(stats(srv.dev), base)
+        # 16 requests each way; those with a remainder behind them did not
+        # clone, the last of each split may have
+        assert d["remapped"] >= 32 and d["remap_direct"] < d["remapped"], d
+        detach_ok(srv.dev)
+        srv.stop()
 
 
 @pytest.mark.time_limit(900)

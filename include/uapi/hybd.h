@@ -329,12 +329,21 @@ struct hybd_dev_stats {
 	 * (IOCB_NOWAIT) could not start without it (a file system that must
 	 * allocate blocks, take a lock, or fall back to buffered I/O, a
 	 * frozen file system, a block device out of tags or needing a
-	 * split, no memory at once) and was started again from a worker of
+	 * split) and was started again from a worker of
 	 * its own, where it may wait (a module that predates the counter
 	 * leaves it 0)
 	 */
 	__u64	remap_waited;
-	__u64	reserved[6];
+	/*
+	 * HYBD_F_REMAP: remapped reads and writes on a block device target
+	 * that queue_rq started itself, in the submitter's context, as
+	 * clones of their bios (inside the submitter's submit_bio(), or from
+	 * blk-mq's work); the others (on files, from a plug's flush, or when
+	 * no clone could be had at once) start in a worker (a module that
+	 * predates the counter leaves it 0)
+	 */
+	__u64	remap_direct;
+	__u64	reserved[5];
 };
 
 /* HYBD_CTL_INFO */
@@ -905,12 +914,20 @@ struct hybd_srv_resize {
  * but did not return REMAPPED for is dropped.
  *
  * What the kernel does, at the target's byte offset the program gave:
- *   READ, WRITE    direct I/O on the request's own pages (no copy), from
- *                  the device's kernel worker; FUA becomes a data sync of
- *                  the range; an I/O that stops short goes on from where
- *                  it stopped, and a read that gets nothing more (the file
- *                  ends: it was truncated under it) reads as zeros past
- *                  what it got, as with the loop driver;
+ *   READ, WRITE    on a block device, clones of the request's bios (no
+ *                  copy), submitted by queue_rq in the submitter's own
+ *                  context, as dm-linear maps a bio (from a plug's flush,
+ *                  direct I/O from the device's kernel worker); FUA, or a
+ *                  write on a device without a write cache, is a FUA
+ *                  write.  Where the target's page cache holds any of
+ *                  the range, direct I/O from the worker instead, which
+ *                  keeps that cache coherent.  On a
+ *                  file, direct I/O on the request's own pages (no copy),
+ *                  from the device's kernel worker; FUA becomes a data
+ *                  sync of the range; an I/O that stops short goes on
+ *                  from where it stopped, and a read that gets nothing
+ *                  more (the file ends: it was truncated under it) reads
+ *                  as zeros past what it got, as with the loop driver;
  *   FLUSH          fdatasync of the named target and of every target
  *                  written through a remap since its last flush (also
  *                  those taken off the device since);

@@ -29,7 +29,7 @@ static const struct {
 	STAT(rej_stale_seq), STAT(rej_bad_result), STAT(rej_ring_index),
 	STAT(bpf_bad_ret), STAT(timed_out), STAT(bpf_unfilled),
 	STAT(bpf_pass_zeroes), STAT(held), STAT(reissued), STAT(remapped),
-	STAT(remap_refused), STAT(remap_waited),
+	STAT(remap_refused), STAT(remap_waited), STAT(remap_direct),
 };
 
 const char *state_name(uint32_t state)
