@@ -23,6 +23,9 @@ from pathlib import Path
 
 import pytest
 
+# struct hybd_dev_stats' names, in order (hybdctl info --json's): one list
+from hybd_uapi import STATS_FIELDS  # noqa: F401 (re-exported)
+
 REPO = Path(__file__).resolve().parent.parent
 HYBDCTL = REPO / "tools" / "hybdctl" / "hybdctl"
 RAMDISK = REPO / "examples" / "ramdisk" / "ramdisk"
@@ -74,15 +77,6 @@ COUNTER_NAMES = ("reads", "writes", "flushes", "fua", "discards", "write_zeroes"
 # enum hybd_dev_state, as hybdctl names them
 STATES = ("added", "live", "dead", "deleting", "waiting")
 
-# struct hybd_dev_stats, in order (the names hybdctl info --json uses)
-STATS_FIELDS = (
-    "slow_issued", "slow_done", "slow_errors", "fast_done", "fast_errors",
-    "failed_dead", "reads", "writes", "flushes", "fua", "discards",
-    "write_zeroes", "rej_bad_tag", "rej_not_outstanding", "rej_stale_seq",
-    "rej_bad_result", "rej_ring_index", "bpf_bad_ret", "timed_out",
-    "bpf_unfilled", "bpf_pass_zeroes", "held", "reissued", "remapped",
-    "remap_refused", "remap_waited", "remap_direct",
-)
 REJ_FIELDS = tuple(f for f in STATS_FIELDS if f.startswith("rej_"))
 
 
