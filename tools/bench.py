@@ -29,6 +29,8 @@ interleaved round-robin, and reports medians, per-round ranges and ratios:
                so that no client's writes make another's cache stale)
   nbdexc       examples/nbd (hybd-nbd, 2 queues = 2 connections) on the
                same export, no fast path: cold reads, each over the network
+  nbdexst      the same asking for structured replies (--structured-
+               replies): a read's reply is then three pieces, not two
   nbdexw       the same with its fast path (nbd.bpf.o), warm: every read
                from its cache in the kernel
   nbdexz       the same over a 128 MiB region (4 times its cache), reads
@@ -47,6 +49,11 @@ interleaved round-robin, and reports medians, per-round ranges and ratios:
                /dev/nullb1 (null_blk, memory-backed, as nullblk's) +
                bpf/loop.bpf.o
   dmlinear     dm-linear over the same /dev/nullb1: the kernel's remap
+  kloopx       the kernel loop (direct I/O) over a file on ext4 on
+               /dev/nullb2 (null_blk, memory-backed): a file system that
+               can say it would wait (IOCB_NOWAIT), unlike tmpfs
+  bloopx       the BPF loop over that same file: queue_rq starts its
+               direct I/O itself, not waiting
   dmcrypt      dm-crypt, plain mode with the same cipher and key, on a loop
                device over the encslow line's backing file (or a file of
                its own, written the same way, without that line)
@@ -136,6 +143,7 @@ BS = 4096
 QD32 = 32
 NULLB_DEV = "/dev/nullb0"
 NULLB_TARGET = "/dev/nullb1"
+NULLB_EXT4 = "/dev/nullb2"
 DM_LINEAR = "hybdbenchlin"
 NBD_DEV = "/dev/nbd0"
 # the nbdex lines: one nbdkit export over TCP in a network namespace with
@@ -184,6 +192,10 @@ LINES = {
     "nbdexc": ("hybd-nbd, cold, TCP + 0.5 ms",
                dict(prog=None, data=False, poll_ns=0, fast=False,
                     server="nbd", queues=2)),
+    "nbdexst": ("hybd-nbd, cold, structured replies",
+                dict(prog=None, data=False, poll_ns=0, fast=False,
+                     server="nbd", queues=2,
+                     flags=["--structured-replies"])),
     "nbdexw": ("hybd-nbd + fast path, warm",
                dict(prog=None, data=False, poll_ns=0, fast=True,
                     server="nbd", queues=2)),
@@ -208,6 +220,10 @@ LINES = {
                dict(prog="loop", data=False, poll_ns=0, fast=True,
                     server="bloop", bdev=True)),
     "dmlinear": ("dm-linear on null_blk", None),
+    "kloopx": ("kernel loop (file on ext4)", None),
+    "bloopx": ("BPF loop (remap, file on ext4)",
+               dict(prog="loop", data=True, poll_ns=0, fast=True,
+                    server="bloop", ext4=True)),
     "dmcrypt": ("dm-crypt (plain, loop)", None),
     "dmcryptnw": ("dm-crypt, no workqueues", None),
     "encslow": ("encrypt, no fast path",
@@ -251,18 +267,18 @@ MODES = ("qd1", "qd32", "par", "seq", "qd1w")
 # the lines measured in "seq" (128 KiB sequential reads) too
 SEQ_LINES = ("nullblk", "unull1", "unull", "hnull1", "hnull", "hnullq", "noprog1",
              "noprog", "kloop", "uloop", "hloop1", "hloop", "bloop",
-             "bloopb", "dmlinear", "dmcrypt", "dmcryptnw", "encslow",
-             "encslow1", "encfast",
+             "bloopb", "dmlinear", "kloopx", "bloopx", "dmcrypt",
+             "dmcryptnw", "encslow", "encslow1", "encfast",
              "enccache", "ddslow", "ddslow1", "ddmslow", "ddremap")
 # the lines measured in "par" (2 submitters: 2 fio jobs at QD16) too
 PAR_LINES = ("nullblk", "unull1", "unull", "hnull1", "hnull", "hnullq", "noprog1",
              "noprog", "kloop", "uloop", "hloop1", "hloop", "bloop",
-             "bloopb", "dmlinear", "dmcrypt", "dmcryptnw", "encslow",
-             "encslow1", "ddslow",
+             "bloopb", "dmlinear", "kloopx", "bloopx", "dmcrypt",
+             "dmcryptnw", "encslow", "encslow1", "ddslow",
              "ddslow1", "ddremap")
 # the lines measured in "qd1w" (4 KiB random writes, QD1) too
 WRITE_LINES = ("kloop", "uloop", "hloop1", "hloop", "bloop", "bloopb",
-               "dmlinear", "dmcrypt",
+               "dmlinear", "kloopx", "bloopx", "dmcrypt",
                "dmcryptnw", "encslow", "encslow1", "ddslow", "ddslow1")
 
 # The comparisons the report prints (and --only takes by name): what a
@@ -279,13 +295,17 @@ COMPARISONS = (
      [("noprog", "nbd")]),
     ("nbdex", "examples/nbd against the kernel nbd client (same export, "
      "TCP + 0.5 ms each way)",
-     [("nbdexc", "nbdk"), ("nbdexw", "nbdk"), ("nbdexw", "nullblk"),
+     [("nbdexc", "nbdk"), ("nbdexst", "nbdk"), ("nbdexst", "nbdexc"),
+      ("nbdexw", "nbdk"), ("nbdexw", "nullblk"),
       ("nbdexz", "nbdexc")]),
     ("loop", "the loop drivers over one kind of file",
      [("uloop", "kloop"), ("hloop1", "uloop"), ("hloop", "uloop"),
       ("hloop", "kloop"), ("bloop", "kloop")]),
     ("loopbdev", "the BPF loop against dm-linear on one block device",
      [("bloopb", "dmlinear"), ("dmlinear", "nullblk")]),
+    ("loopext4", "the BPF loop against the kernel loop on a file on ext4 "
+     "(a file system that honours IOCB_NOWAIT)",
+     [("bloopx", "kloopx"), ("kloopx", "kloop")]),
     ("crypt", "encrypt against dm-crypt (same cipher and key)",
      [("encslow", "dmcrypt"), ("encslow", "dmcryptnw"),
       ("encslow1", "dmcrypt"), ("dmcryptnw", "dmcrypt"),
@@ -712,7 +732,7 @@ def module_loaded(name):
     return Path(f"/sys/module/{name}").exists()
 
 
-NULLB_PARAMS = ["nr_devices=2", "memory_backed=1", "gb=1", f"bs={BS}",
+NULLB_PARAMS = ["nr_devices=3", "memory_backed=1", "gb=1", f"bs={BS}",
                 "queue_mode=2", "irqmode=0", "submit_queues=2"]
 
 
@@ -731,6 +751,29 @@ def ensure_nullblk(ctx):
         wait_until(lambda: os.path.exists(dev), 10, dev)
         fill_region(dev, ctx.args.region)
     ctx.nullblk = True
+
+
+def ext4_file(ctx):
+    """kloopx's and bloopx's file: on ext4 on /dev/nullb2, made once,
+    written in full (allocated: a write does not wait to allocate)."""
+    if ctx.ext4_file:
+        return ctx.ext4_file
+    ensure_nullblk(ctx)
+    wait_until(lambda: os.path.exists(NULLB_EXT4), 10, NULLB_EXT4)
+    mnt = os.path.join(ctx.tmp, "ext4")
+    os.makedirs(mnt, exist_ok=True)
+    run(["mkfs.ext4", "-F", "-q", NULLB_EXT4])
+    run(["mount", "-t", "ext4", NULLB_EXT4, mnt])
+    ctx.cleanup.push(f"umount {mnt}", run, ["umount", mnt])
+    path = os.path.join(mnt, "loopx.img")
+    with open(path, "wb") as f:
+        chunk = os.urandom(1 << 20)
+        for _ in range(ctx.args.ramdisk_size >> 20):
+            f.write(chunk)
+        f.flush()
+        os.fsync(f.fileno())
+    ctx.ext4_file = path
+    return path
 
 
 def setup_nullblk(line, ctx):
@@ -919,8 +962,11 @@ def ensure_loop(ctx):
 
 def setup_kloop(line, ctx):
     ensure_loop(ctx)
-    path = backing_file(ctx, "kloop.img")
-    ctx.kloop_backing = path
+    if line.key == "kloopx":
+        path = ext4_file(ctx)
+    else:
+        path = backing_file(ctx, "kloop.img")
+        ctx.kloop_backing = path
     dev = run(["losetup", "--find", "--show", "--direct-io=on",
                path]).stdout.strip()
     ctx.cleanup.push(f"losetup -d {dev}", run, ["losetup", "-d", dev])
@@ -952,6 +998,8 @@ def setup_hybd(line, ctx):
         if spec.get("bdev"):
             ensure_nullblk(ctx)
             path = NULLB_TARGET
+        elif spec.get("ext4"):
+            path = ext4_file(ctx)
         else:
             # the kernel loop's own file when that line runs: the same file
             path = ctx.kloop_backing or backing_file(ctx, "bloop.img")
@@ -971,7 +1019,8 @@ def setup_hybd(line, ctx):
         fast = ["--bpf", str(NBDEX_BPF)] if spec["fast"] or \
             spec.get("counters") else []
         server = Ramdisk(["netns", "exec", NBDEX_NS, str(NBDEX), *fast,
-                          *queue_args(spec), uri], exe="ip")
+                          *spec.get("flags", []), *queue_args(spec), uri],
+                         exe="ip")
     elif spec.get("server") == "dedup":
         if not os.access(DEDUP, os.X_OK):
             raise BenchError(f"{DEDUP} is not built (make examples)")
@@ -1142,6 +1191,7 @@ def setup_uloop(line, ctx):
 
 SETUP_FIRST = ("kloop", "encslow")
 SETUP = {"nullblk": setup_nullblk, "nbd": setup_nbd, "kloop": setup_kloop,
+         "kloopx": setup_kloop,
          "dmcrypt": setup_dmcrypt, "dmcryptnw": setup_dmcryptnw,
          "dmlinear": setup_dmlinear,
          "unull1": setup_unull1,
@@ -1646,6 +1696,13 @@ def parse_args():
                     "HYBD_RESULTS", str(REPO / "results")),
                     help="directory for bench.json "
                          "(default $HYBD_RESULTS, else results/)")
+    ap.add_argument("--trace-raw", action="store_true",
+                    help="with --trace: keep each capture's raw ftrace "
+                         "text in RESULTS/traces/")
+    ap.add_argument("--graph", metavar="FUNC,...",
+                    help="with --trace: instead, the kernel's time in these "
+                         "functions and their callees at QD32 "
+                         "(tools/reqtrace.py --graph)")
     ap.add_argument("--trace", action="store_true",
                     help="measure nothing: trace each line at QD1 and QD32 "
                          "(4 KiB) and QD1 128 KiB "
@@ -1715,6 +1772,7 @@ class Context:
         self.cleanup = Cleanup()
         self.enc_backing = None     # the encslow line's, for dmcrypt
         self.kloop_backing = None   # the kloop line's, for bloop, uloop
+        self.ext4_file = None       # kloopx's and bloopx's (ext4_file)
         self.rublk = None           # rublk's version and features
         self.nullblk = False        # null_blk loaded (ensure_nullblk)
         self.next_ublk = 0          # the next ublk device's id
@@ -1781,8 +1839,24 @@ def trace_lines(lines, args, info):
     """--trace: where each line's time goes (tools/reqtrace.py)."""
     import reqtrace
 
+    if args.trace_raw:
+        raw = Path(args.results) / "traces"
+        raw.mkdir(exist_ok=True)
+        os.environ["HYBD_TRACE_RAW"] = str(raw)
     out = {"meta": info, "lines": {}}
     status = 0
+    if args.graph:
+        for line in lines.values():
+            if not line.dev:
+                continue
+            res = reqtrace.graph(line.dev, args.graph.split(","), QD32)
+            out["lines"][line.key] = {"label": line.label, "graph": res}
+            print(f"\n{line.key}: QD32, per I/O ({res['ios']} I/Os): "
+                  "calls, us")
+            for fn, v in res.get("per_io", {}).items():
+                print(f"  {fn:<50} {v['calls']:>6} {v['us']:>9}")
+        say(f"traces: {save_trace(out, args)}")
+        return status
     for line in lines.values():
         if not line.dev:
             continue
@@ -1840,6 +1914,14 @@ def print_trace(doc, out=sys.stdout):
                   f"{r['switches_per_io']}  wakeups {r['wakeups_per_io']} "
                   f"(cross-CPU {r['cross_cpu_wakeups_per_io']})  {shares}",
                   file=out)
+            cpu = r.get("cpu_per_io", {}).get("us", {})
+            if cpu:
+                print(f"  {'':<10} CPU us per I/O, user+sys: " + ", ".join(
+                    f"{w} {'+'.join(str(v) for v in d.values())}"
+                    for w, d in cpu.items()), file=out)
+            for who, d in r.get("syscalls_per_io", {}).items():
+                print(f"  {'':<10} syscalls of {who}: " +
+                      ", ".join(f"{n} {v}" for n, v in d.items()), file=out)
 
 
 def main():

@@ -4,6 +4,7 @@
 trace points (ftrace through tracefs: no tool to install).
 
   reqtrace.py DEV [--qd N] [--bs BYTES] [--seconds S] [--json FILE]
+  reqtrace.py DEV --graph FUNC,... [--depth N] [--qd N] ...
 
 Runs fio on DEV (random reads of --bs, 4 KiB by default; QD1 with psync,
 else io_uring at --qd) and traces one second of it: the submitter's and the server's
@@ -22,12 +23,18 @@ syscalls, sched_wakeup/sched_switch, block_rq_issue/complete.  Then:
   (the server is whichever task block_rq_issue's CPU wakes first; a stage
   is measured only on requests that have it: a polling worker is never
   woken, a fast-path hit wakes nobody);
-* at any depth, per completed request: context switches, wakeups and
+* at any depth, per completed request: the CPU time each kind of task
+  spent, user and system, and the system's interrupt and softirq time
+  (from /proc, over a window with nothing traced); every task's system
+  calls by
+  name (a second capture of its own, so that the first filters its
+  syscalls to those the stages need), context switches, wakeups and
   wakeups of a task onto another CPU than the waker's; and per CPU the
   share of time each kind of task ran (fio, the server's threads by name,
   kworkers, idle), which shows a submitter and a worker sharing one CPU.
 
 Used by `bench.py --trace` for each line; works on any block device.
+HYBD_TRACE_RAW=DIR keeps each capture's raw ftrace text in DIR.
 """
 
 import argparse
@@ -46,6 +53,13 @@ SYSCALLS = {16: "ioctl", 17: "pread64", 18: "pwrite64", 426: "io_uring_enter"}
 EVENTS = ("raw_syscalls/sys_enter", "raw_syscalls/sys_exit",
           "sched/sched_switch", "sched/sched_waking", "sched/sched_wakeup",
           "block/block_rq_issue", "block/block_rq_complete")
+# names for the per-I/O syscall counts (x86-64); others print as their number
+SYSCALL_NAMES = {0: "read", 1: "write", 7: "poll", 16: "ioctl",
+                 17: "pread64", 18: "pwrite64", 19: "readv", 20: "writev",
+                 23: "select", 44: "sendto", 45: "recvfrom", 46: "sendmsg",
+                 47: "recvmsg", 202: "futex", 228: "clock_gettime",
+                 232: "epoll_wait", 233: "epoll_ctl", 270: "pselect6",
+                 271: "ppoll", 281: "epoll_pwait", 426: "io_uring_enter"}
 STAGES = ("submit", "wake", "run", "return", "handle", "commit", "rewake",
           "rerun", "finish")
 
@@ -75,19 +89,25 @@ def dev_numbers(dev):
     return os.major(st.st_rdev), os.minor(st.st_rdev)
 
 
-def setup(dev):
+def setup(dev, all_syscalls=False):
     mount_tracefs()
     tfs("tracing_on", "0")
     tfs("current_tracer", "nop")
     tfs("buffer_size_kb", "16384")
     tfs("trace", "")
-    nr = " || ".join(f"id == {n}" for n in SYSCALLS)
-    tfs("events/raw_syscalls/sys_enter/filter", nr)
-    tfs("events/raw_syscalls/sys_exit/filter", nr)
     major, minor = dev_numbers(dev)
     devt = (major << 20) | minor
     for ev in ("block_rq_issue", "block_rq_complete"):
         tfs(f"events/block/{ev}/filter", f"dev == {devt}")
+    if all_syscalls:
+        # every syscall, and the requests: no sched events
+        for ev in ("raw_syscalls/sys_enter", "raw_syscalls/sys_exit",
+                   "block/block_rq_issue", "block/block_rq_complete"):
+            tfs(f"events/{ev}/enable", "1")
+        return
+    nr = " || ".join(f"id == {n}" for n in SYSCALLS)
+    tfs("events/raw_syscalls/sys_enter/filter", nr)
+    tfs("events/raw_syscalls/sys_exit/filter", nr)
     for ev in EVENTS:
         tfs(f"events/{ev}/enable", "1")
 
@@ -114,9 +134,9 @@ def fio_cmd(dev, qd, seconds, bs):
     return cmd
 
 
-def capture(dev, qd, seconds, bs):
+def capture(dev, qd, seconds, bs, all_syscalls=False):
     """Run fio, trace @seconds of its middle; the trace's lines."""
-    setup(dev)
+    setup(dev, all_syscalls)
     try:
         fio = subprocess.Popen(fio_cmd(dev, qd, seconds, bs),
                                stdout=subprocess.PIPE,
@@ -135,7 +155,15 @@ def capture(dev, qd, seconds, bs):
             raise RuntimeError(f"fio exited {fio.returncode}: "
                                f"{''.join(out)[-300:]}")
         with open(os.path.join(TRACEFS, "trace")) as f:
-            return f.read().splitlines()
+            lines = f.read().splitlines()
+        # HYBD_TRACE_RAW=DIR: keep each capture's raw text there too
+        raw = os.environ.get("HYBD_TRACE_RAW")
+        if raw:
+            name = (f"{os.path.basename(dev)}-qd{qd}-{bs}"
+                    f"{'-syscalls' if all_syscalls else ''}.txt")
+            with open(os.path.join(raw, name), "w") as f:
+                f.write("\n".join(lines) + "\n")
+        return lines
     finally:
         teardown()
 
@@ -229,6 +257,98 @@ def counts(events):
             "cross_cpu_wakeups_per_io": per(cross)}
 
 
+def task_times():
+    """{(pid, tid): (comm, user ticks, system ticks)} of every thread."""
+    out = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    st = f.read()
+            except OSError:
+                continue
+            comm = st[st.index("(") + 1:st.rindex(")")]
+            f = st[st.rindex(")") + 2:].split()
+            out[(pid, tid)] = (comm, int(f[11]), int(f[12]))
+    return out
+
+
+def irq_ticks():
+    """The system's (irq, softirq) ticks, all CPUs."""
+    with open("/proc/stat") as f:
+        f = f.readline().split()
+    return int(f[6]), int(f[7])
+
+
+def reads_done(dev):
+    name = os.path.basename(os.path.realpath(dev))
+    with open(f"/sys/class/block/{name}/stat") as f:
+        return int(f.read().split()[0])
+
+
+def cpu_per_io(dev, qd, seconds, bs):
+    """Per read completed: each kind of task's user and system CPU time
+    (us), and the interrupt and softirq time, over @seconds of fio with
+    nothing traced."""
+    hz = os.sysconf("SC_CLK_TCK")
+    fio = subprocess.Popen(fio_cmd(dev, qd, seconds, bs),
+                           stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(1)
+        t0, i0, r0 = task_times(), irq_ticks(), reads_done(dev)
+        time.sleep(seconds)
+        t1, i1, r1 = task_times(), irq_ticks(), reads_done(dev)
+    finally:
+        fio.wait(timeout=120)
+    ios = r1 - r0
+    if ios <= 0:
+        return {}
+    us = 1e6 / hz / ios
+    out = {}
+    for key, (comm, u, s) in t1.items():
+        u0, s0 = t0.get(key, (comm, 0, 0))[1:]
+        if u == u0 and s == s0:
+            continue
+        d = out.setdefault(kind(comm), {"user": 0.0, "sys": 0.0})
+        d["user"] += (u - u0) * us
+        d["sys"] += (s - s0) * us
+    res = {k: {n: round(v, 1) for n, v in d.items()}
+           for k, d in sorted(out.items(),
+                              key=lambda x: -(x[1]["user"] + x[1]["sys"]))
+           if d["user"] + d["sys"] >= 1}
+    res["(irq, softirq)"] = {"irq": round((i1[0] - i0[0]) * us, 1),
+                             "softirq": round((i1[1] - i0[1]) * us, 1)}
+    return {"ios": ios, "us": res}
+
+
+def syscalls(events):
+    """Per completed request, each kind of task's syscalls by name."""
+    ios = sum(1 for e in events if e["ev"] == "block_rq_complete")
+    if not ios:
+        return {}
+    n = {}
+    for e in events:
+        if e["ev"] != "sys_enter":
+            continue
+        d = n.setdefault(kind(e["comm"]), {})
+        name = SYSCALL_NAMES.get(e["nr"], str(e["nr"]))
+        d[name] = d.get(name, 0) + 1
+    out = {}
+    for who, d in n.items():
+        per = {k: round(v / ios, 2) for k, v in
+               sorted(d.items(), key=lambda x: -x[1]) if v / ios >= 0.05}
+        if per:
+            out[who] = per
+    return out
+
+
 def stages(events):
     """QD1: the stage durations of each pread64 of the submitter."""
     enters = [e for e in events if e["ev"] == "sys_enter" and e["nr"] == 17]
@@ -307,12 +427,80 @@ def stages(events):
     return out
 
 
+GRAPH_RE = re.compile(r"^\s*(\d+)\)\s+(?:[-+!#*@$]\s*)?(?:(\d+\.\d+) us)?\s*\|"
+                      r"\s*(.*)$")
+
+
+def graph(dev, funcs, qd=32, seconds=1, bs=4096, depth=3):
+    """The kernel's time in @funcs and what they call, @depth deep
+    (function_graph): per completed request, each function's calls and
+    microseconds, outermost first.  The tracer's own cost is in them."""
+    mount_tracefs()
+    tfs("tracing_on", "0")
+    tfs("trace", "")
+    tfs("buffer_size_kb", "32768")
+    tfs("set_graph_function", " ".join(funcs))
+    tfs("max_graph_depth", str(depth))
+    tfs("current_tracer", "function_graph")
+    tfs("options/funcgraph-tail", "1")
+    major, minor = dev_numbers(dev)
+    tfs("events/block/block_rq_complete/filter",
+        f"dev == {(major << 20) | minor}")
+    tfs("events/block/block_rq_complete/enable", "1")
+    try:
+        fio = subprocess.Popen(fio_cmd(dev, qd, seconds, bs),
+                               stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+        time.sleep(1)
+        tfs("tracing_on", "1")
+        time.sleep(seconds)
+        tfs("tracing_on", "0")
+        fio.wait(timeout=120)
+        with open(os.path.join(TRACEFS, "trace")) as f:
+            lines = f.read().splitlines()
+    finally:
+        tfs("tracing_on", "0")
+        tfs("current_tracer", "nop")
+        tfs("set_graph_function", "")
+        tfs("max_graph_depth", "0")
+        tfs("options/funcgraph-tail", "0")
+        tfs("events/block/block_rq_complete/enable", "0")
+        tfs("events/block/block_rq_complete/filter", "0")
+        tfs("buffer_size_kb", "1408")
+    ios = sum(1 for ln in lines if "block_rq_complete" in ln)
+    calls, spent, order = {}, {}, []
+    for ln in lines:
+        m = GRAPH_RE.match(ln)
+        if not m or m.group(2) is None:
+            continue
+        text = m.group(3).strip()
+        # "name();" (a leaf) or "} /* name */" (the end of a caller)
+        name = re.match(r"(?:\}\s*/\*\s*)?([\w.]+)", text)
+        if not name:
+            continue
+        fn = name.group(1)
+        depth_of = (len(m.group(3)) - len(m.group(3).lstrip())) // 2
+        key = ("  " * depth_of) + fn
+        if key not in calls:
+            order.append(key)
+        calls[key] = calls.get(key, 0) + 1
+        spent[key] = spent.get(key, 0.0) + float(m.group(2))
+    if not ios:
+        return {"ios": 0}
+    return {"ios": ios, "per_io": {k: {"calls": round(calls[k] / ios, 2),
+                                       "us": round(spent[k] / ios, 2)}
+                                   for k in order}}
+
+
 def trace(dev, qd=1, seconds=1, bs=4096):
     events = parse(capture(dev, qd, seconds, bs))
     res = {"qd": qd, "bs": bs, "seconds": seconds, **counts(events),
            "cpu_share": occupancy(events)}
     if qd == 1:
         res["stages"] = stages(events)
+    res["syscalls_per_io"] = syscalls(parse(capture(dev, qd, seconds, bs,
+                                                    all_syscalls=True)))
+    res["cpu_per_io"] = cpu_per_io(dev, qd, max(seconds, 3), bs)
     return res
 
 
@@ -323,8 +511,16 @@ def main():
     ap.add_argument("--bs", type=int, default=4096)
     ap.add_argument("--seconds", type=float, default=1)
     ap.add_argument("--json", help="write the result here too")
+    ap.add_argument("--graph", metavar="FUNC,...",
+                    help="instead: the kernel's time in these functions "
+                         "and their callees (function_graph)")
+    ap.add_argument("--depth", type=int, default=3)
     args = ap.parse_args()
-    res = trace(args.dev, args.qd, args.seconds, args.bs)
+    if args.graph:
+        res = graph(args.dev, args.graph.split(","), args.qd, args.seconds,
+                    args.bs, args.depth)
+    else:
+        res = trace(args.dev, args.qd, args.seconds, args.bs)
     text = json.dumps(res, indent=1)
     print(text)
     if args.json:
