@@ -2,13 +2,11 @@
 /*
  * hybd - remaps: requests a fast path served on a backing target.
  *
- * A remapped request on a file is direct I/O on the request's own pages.
- * On a file that can say it would wait (FMODE_NOWAIT: ext4, xfs, btrfs)
- * queue_rq may start it itself, not waiting (IOCB_NOWAIT), where a worker
- * would gain nothing (hybd_remap_inline()); else, and always on other
- * files (tmpfs), a worker does, as the loop driver does.  One on a block device is started by queue_rq as clones of the
- * request's bios (hybd_remap_issue()).  What a worker does for those two
- * is only a fallback.
+ * A remapped request on a file is direct I/O on the request's own pages,
+ * started from a worker (a file system may take its time in the call), as
+ * the loop driver does.  One on a block device is started by queue_rq
+ * itself, as clones of the request's bios (hybd_remap_issue()); what a
+ * worker does for it is only a fallback, as direct I/O on the device.
  *
  * Each queue's reads and writes are started in batches by one work of
  * the queue's, without waiting where the target can tell (IOCB_NOWAIT);
@@ -632,28 +630,17 @@ static void hybd_remap_queue(struct hybd_queue *q, struct hybd_tag *t,
  * caller's RCU or lock (a request-based dm device above, which issues
  * into queue_rq) they must not sleep.  There, and when a clone cannot be
  * had at once, the request goes to the workers.
- *
- * So is a read or write on a file that honours IOCB_NOWAIT, in the same
- * places: the file system's bios wait on current->bio_list as clones do.
- * A file that does not (tmpfs) may wait in the call, for a swap-in whose
- * bio would wait on that list behind the call: never from queue_rq.
  */
 static struct bio_set hybd_remap_bs;
 
-/* Whether queue_rq's context may start I/O on a target (see above). */
-static bool hybd_remap_may_issue(void)
+static bool hybd_remap_may_clone(struct hybd_tag *t, struct block_device *bdev)
 {
 	struct bio_list *pending = current->bio_list;
 
 	if (!preemptible() || rcu_preempt_depth())
 		return false;
-	return pending ? bio_list_empty(&pending[0]) &&
-			 bio_list_empty(&pending[1]) : !current->plug;
-}
-
-static bool hybd_remap_may_clone(struct hybd_tag *t, struct block_device *bdev)
-{
-	if (!hybd_remap_may_issue())
+	if (pending ? !bio_list_empty(&pending[0]) ||
+		      !bio_list_empty(&pending[1]) : current->plug != NULL)
 		return false;
 	/*
 	 * Direct I/O writes back and drops what the target's page cache
@@ -760,8 +747,7 @@ fail:
 }
 
 /**
- * hybd_remap_issue() - start a read or write on a block device, or on a
- * file that honours IOCB_NOWAIT
+ * hybd_remap_issue() - start a read or write on a block device target
  * @q: its queue
  * @t: its tag, for which hybd_remap_start() returned true
  *
@@ -769,28 +755,8 @@ fail:
  */
 void hybd_remap_issue(struct hybd_queue *q, struct hybd_tag *t)
 {
-	unsigned int pflags;
-
-	if (t->remap.target->bdev) {
-		if (!hybd_remap_bio(q, t))
-			hybd_remap_queue(q, t, true);
-		return;
-	}
-	/*
-	 * A file that honours IOCB_NOWAIT (hybd_remap_start() checked):
-	 * direct I/O that does not wait, as a worker would start it; what
-	 * would wait goes to the tag's own work.  The bios the file system
-	 * submits wait on current->bio_list for queue_rq to return, as
-	 * clones do.
-	 */
-	if (!hybd_remap_may_issue()) {
+	if (!hybd_remap_bio(q, t))
 		hybd_remap_queue(q, t, true);
-		return;
-	}
-	hybd_stat_inc(q, remap_direct);
-	pflags = hybd_remap_worker_enter();
-	hybd_remap_rw(t, true);
-	hybd_remap_worker_exit(pflags);
 }
 
 int hybd_remap_init(void)
@@ -815,33 +781,6 @@ void hybd_remap_init_queue(struct hybd_queue *q)
 		INIT_WORK(&q->tags[i].remap.work, hybd_remap_work);
 }
 
-/*
- * Whether a read or write on a file that honours IOCB_NOWAIT starts in
- * queue_rq (its remap counted in @q->remaps).  A worker costs a wakeup,
- * and is worth it where it runs on a CPU that would idle otherwise: one
- * submitter with many requests in flight (QD32, a sequential read ahead)
- * gets a second CPU's worth that way, as the loop driver's worker gives
- * it.  So queue_rq starts the request itself only
- *  - alone on its queue (QD1): nothing for a worker to overlap with;
- *  - or with remaps in flight on every queue of several: submitters on
- *    every CPU, where a worker would take turns with one of them.
- * (Both measured: the ext4 lines of the bench.)
- */
-static bool hybd_remap_inline(struct hybd_queue *q)
-{
-	unsigned int i, nr = q->dev->params.basic.nr_hw_queues;
-
-	if (atomic_read(&q->remaps) == 1)
-		return true;
-	if (nr == 1)
-		return false;
-	for (i = 0; i < nr; i++) {
-		if (!atomic_read(&q->dev->queues[i].remaps))
-			return false;
-	}
-	return true;
-}
-
 /**
  * hybd_remap_start() - serve a remapped request
  * @q: its queue
@@ -850,8 +789,7 @@ static bool hybd_remap_inline(struct hybd_queue *q)
  *
  * Context: queue_rq, in its RCU read-side section; does not sleep.
  * Return: true if queue_rq is to start it itself, after that section
- * (hybd_remap_issue(): a read or write on a block device, or on a file
- * that honours IOCB_NOWAIT where hybd_remap_inline() says); else it
+ * (hybd_remap_issue(): a read or write on a block device); else it
  * starts in a worker.
  */
 bool hybd_remap_start(struct hybd_queue *q, struct hybd_tag *t, bool last)
@@ -861,9 +799,7 @@ bool hybd_remap_start(struct hybd_queue *q, struct hybd_tag *t, bool last)
 	WRITE_ONCE(t->state, HYBD_TAG_REMAP);
 	if (hybd_remap_is_rw(t->bio.op)) {
 		atomic_inc(&q->remaps);
-		if (t->remap.target->bdev ||
-		    ((t->remap.target->file->f_mode & FMODE_NOWAIT) &&
-		     hybd_remap_inline(q)))
+		if (t->remap.target->bdev)
 			return true;
 		hybd_remap_queue(q, t, last);
 	} else {

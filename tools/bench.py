@@ -52,8 +52,8 @@ interleaved round-robin, and reports medians, per-round ranges and ratios:
   kloopx       the kernel loop (direct I/O) over a file on ext4 on
                /dev/nullb2 (null_blk, memory-backed): a file system that
                can say it would wait (IOCB_NOWAIT), unlike tmpfs
-  bloopx       the BPF loop over that same file: queue_rq starts its
-               direct I/O itself, not waiting
+  bloopx       the BPF loop over that same file (its remaps start in
+               the workers, as on tmpfs)
   dmcrypt      dm-crypt, plain mode with the same cipher and key, on a loop
                device over the encslow line's backing file (or a file of
                its own, written the same way, without that line)

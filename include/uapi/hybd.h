@@ -335,13 +335,12 @@ struct hybd_dev_stats {
 	 */
 	__u64	remap_waited;
 	/*
-	 * HYBD_F_REMAP: remapped reads and writes that queue_rq started
-	 * itself, in the submitter's context (inside the submitter's
-	 * submit_bio(), or from blk-mq's work): on a block device target as
-	 * clones of their bios, on a file that honours IOCB_NOWAIT as direct
-	 * I/O that does not wait; the others (on other files such as tmpfs,
-	 * from a plug's flush, when no clone could be had at once) start in
-	 * a worker (a module that predates the counter leaves it 0)
+	 * HYBD_F_REMAP: remapped reads and writes on a block device target
+	 * that queue_rq started itself, in the submitter's context, as
+	 * clones of their bios (inside the submitter's submit_bio(), or from
+	 * blk-mq's work); the others (on files, from a plug's flush, or when
+	 * no clone could be had at once) start in a worker (a module that
+	 * predates the counter leaves it 0)
 	 */
 	__u64	remap_direct;
 	__u64	reserved[5];

@@ -190,7 +190,7 @@ static void stats_text(uint32_t id, const struct hybd_dev_info *info,
 	       (uint64_t)c->bpf_pass_zeroes);
 	printf("held: %" PRIu64 " (requests that arrived while no server was attached)  reissued: %" PRIu64 " (issued again to a new server)\n",
 	       (uint64_t)c->held, (uint64_t)c->reissued);
-	printf("remapped: %" PRIu64 " (%.1f%% of all; served on a backing target, counted in fast path)  remap_refused: %" PRIu64 "  remap_waited: %" PRIu64 " (started again where the target may wait)  remap_direct: %" PRIu64 " (started by queue_rq itself: on a block device, or a file that honours IOCB_NOWAIT)\n",
+	printf("remapped: %" PRIu64 " (%.1f%% of all; served on a backing target, counted in fast path)  remap_refused: %" PRIu64 "  remap_waited: %" PRIu64 " (started again where the target may wait)  remap_direct: %" PRIu64 " (started by queue_rq itself on a block device)\n",
 	       (uint64_t)c->remapped, share(c->remapped, all),
 	       (uint64_t)c->remap_refused, (uint64_t)c->remap_waited,
 	       (uint64_t)c->remap_direct);
