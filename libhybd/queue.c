@@ -670,7 +670,6 @@ static int worker_loop_poll(struct hybd_queue *q)
 	for (;;) {
 		stop = hybd_load_acquire(&q->dev->stop);
 		if (!early || stop) {
-			early = false;
 			ret = worker_io(q, stop ? 0 : HYBD_SRV_IO_ARM);
 			if (ret || stop)
 				return ret;
@@ -682,18 +681,15 @@ static int worker_loop_poll(struct hybd_queue *q)
 			hybd__resize_check(q->dev, q->hdr);
 		if (resize_asked(q))
 			hybd__resize_answer(q->dev, q->hdr);
-		if (early) {
-			early = false;
-			hybd__queue_drain(q);
-			if (drv->queue_idle)
-				drv->queue_idle(q);
-			(void)!read(q->efd, &count, sizeof(count));
-			continue;
-		}
-		if (hybd__queue_drain(q))
+		if (hybd__queue_drain(q) && !early)
 			continue;
 		if (drv->queue_idle)
 			drv->queue_idle(q);
+		if (early) {
+			early = false;
+			(void)!read(q->efd, &count, sizeof(count));
+			continue;
+		}
 		if (uncommitted(q))
 			continue;
 

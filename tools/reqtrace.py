@@ -26,9 +26,8 @@ syscalls, sched_wakeup/sched_switch, block_rq_issue/complete.  Then:
 * at any depth, per completed request: the CPU time each kind of task
   spent, user and system, and the system's interrupt and softirq time
   (from /proc, over a window with nothing traced); every task's system
-  calls by
-  name (a second capture of its own, so that the first filters its
-  syscalls to those the stages need), context switches, wakeups and
+  calls by name (a second capture of its own, so that the first filters
+  its syscalls to those the stages need), context switches, wakeups and
   wakeups of a task onto another CPU than the waker's; and per CPU the
   share of time each kind of task ran (fio, the server's threads by name,
   kworkers, idle), which shows a submitter and a worker sharing one CPU.
