@@ -45,6 +45,7 @@ interleaved round-robin, and reports medians, per-round ranges and ratios:
   bloop        the BPF loop device: hybd-loop --remap + bpf/loop.bpf.o
                over kloop's file: every request remapped to it in the
                kernel (direct I/O on the request's pages)
+  bloop1       the same with 1 queue, as the kernel loop has
   bloopb       the BPF loop over a block device: hybd-loop --remap
                /dev/nullb1 (null_blk, memory-backed, as nullblk's) +
                bpf/loop.bpf.o
@@ -216,6 +217,9 @@ LINES = {
     "bloop": ("BPF loop (remap)",
               dict(prog="loop", data=True, poll_ns=0, fast=True,
                    server="bloop")),
+    "bloop1": ("BPF loop (remap), 1 queue",
+               dict(prog="loop", data=True, poll_ns=0, fast=True,
+                    server="bloop", queues=1)),
     "bloopb": ("BPF loop on null_blk (remap)",
                dict(prog="loop", data=False, poll_ns=0, fast=True,
                     server="bloop", bdev=True)),
@@ -267,17 +271,18 @@ MODES = ("qd1", "qd32", "par", "seq", "qd1w")
 # the lines measured in "seq" (128 KiB sequential reads) too
 SEQ_LINES = ("nullblk", "unull1", "unull", "hnull1", "hnull", "hnullq", "noprog1",
              "noprog", "kloop", "uloop", "hloop1", "hloop", "bloop",
-             "bloopb", "dmlinear", "kloopx", "bloopx", "dmcrypt",
+             "bloop1", "bloopb", "dmlinear", "kloopx", "bloopx", "dmcrypt",
              "dmcryptnw", "encslow", "encslow1", "encfast",
              "enccache", "ddslow", "ddslow1", "ddmslow", "ddremap")
 # the lines measured in "par" (2 submitters: 2 fio jobs at QD16) too
 PAR_LINES = ("nullblk", "unull1", "unull", "hnull1", "hnull", "hnullq", "noprog1",
              "noprog", "kloop", "uloop", "hloop1", "hloop", "bloop",
-             "bloopb", "dmlinear", "kloopx", "bloopx", "dmcrypt",
+             "bloop1", "bloopb", "dmlinear", "kloopx", "bloopx", "dmcrypt",
              "dmcryptnw", "encslow", "encslow1", "ddslow",
              "ddslow1", "ddremap")
 # the lines measured in "qd1w" (4 KiB random writes, QD1) too
-WRITE_LINES = ("kloop", "uloop", "hloop1", "hloop", "bloop", "bloopb",
+WRITE_LINES = ("kloop", "uloop", "hloop1", "hloop", "bloop", "bloop1",
+               "bloopb",
                "dmlinear", "kloopx", "bloopx", "dmcrypt",
                "dmcryptnw", "encslow", "encslow1", "ddslow", "ddslow1")
 
@@ -300,7 +305,7 @@ COMPARISONS = (
       ("nbdexz", "nbdexc")]),
     ("loop", "the loop drivers over one kind of file",
      [("uloop", "kloop"), ("hloop1", "uloop"), ("hloop", "uloop"),
-      ("hloop", "kloop"), ("bloop", "kloop")]),
+      ("hloop", "kloop"), ("bloop", "kloop"), ("bloop1", "kloop")]),
     ("loopbdev", "the BPF loop against dm-linear on one block device",
      [("bloopb", "dmlinear"), ("dmlinear", "nullblk")]),
     ("loopext4", "the BPF loop against the kernel loop on a file on ext4 "
