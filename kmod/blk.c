@@ -18,6 +18,7 @@ static int hybd_init_hctx(struct blk_mq_hw_ctx *hctx, void *data,
 	struct hybd_dev *dev = data;
 
 	hctx->driver_data = &dev->queues[hctx_idx];
+	dev->queues[hctx_idx].hctx = hctx;
 	return 0;
 }
 

@@ -34,11 +34,17 @@ static void hybd_dev_free(struct kref *ref)
 	struct hybd_dev *dev = container_of(ref, struct hybd_dev, ref);
 	unsigned int i;
 
-	/* the tails of the last remap works (the requests are all over) */
+	/*
+	 * The tails of the last remap works (the requests are all over).
+	 * The local work is the one that queues the others (a burst's
+	 * followers): it goes first.
+	 */
 	if (dev->remap_local_wq)
 		destroy_workqueue(dev->remap_local_wq);
 	if (dev->remap_batch_wq)
 		destroy_workqueue(dev->remap_batch_wq);
+	if (dev->remap_beside_wq)
+		destroy_workqueue(dev->remap_beside_wq);
 	if (dev->remap_wq)
 		destroy_workqueue(dev->remap_wq);
 	hybd_backing_free_retired(dev);
@@ -243,27 +249,39 @@ struct hybd_dev *hybd_dev_create(const struct hybd_params *p, u32 id)
 	if (ret)
 		goto out_tag_set;
 	/*
-	 * Each queue's reads and writes start in batches (remap.c): under
-	 * load from an unbound worker, as loop's, since a file system may do
-	 * a remap's I/O in the worker (a copy, a page cache fill), which
-	 * should not take the submitting CPU; a request alone from a worker
-	 * of its CPU.  That one is not WQ_HIGHPRI, but even so a wakeup of
-	 * it can preempt a submitter that goes on (fio at depth), which
-	 * would then submit one request at a time, each served on its CPU
-	 * while the others idle: hybd_remap_queue() keeps io_uring's
-	 * requests off it; one that waits leaves it the CPU at once.  What may
-	 * wait (a flush, a read or write that would block) runs in a work of
-	 * its tag's, beside them.
+	 * Each queue's reads and writes start in batches (remap.c), since a
+	 * file system may do a remap's I/O in the worker (a copy, a page
+	 * cache fill), which should not take the submitting CPU:
+	 *  - a request alone from a worker of its CPU.  Even so a wakeup of
+	 *    it can preempt a submitter that goes on (fio at depth), which
+	 *    would then submit one request at a time, each served on its CPU
+	 *    while the others idle: hybd_remap_queue() keeps io_uring's
+	 *    requests off it; one that waits leaves it the CPU at once.
+	 *  - under load, from a worker beside the submitter: on a CPU of
+	 *    another of the device's queues, one with no remap in flight.
+	 *    An unbound worker is woken next to its waker, where it takes
+	 *    turns with the submitter while the other CPUs idle.  That one
+	 *    is WQ_CPU_INTENSIVE: a batch that does not sleep (a tmpfs
+	 *    copy) must not hold back the other works of that CPU's pool.
+	 *  - when every queue is busy, from an unbound worker, as loop's.
+	 * No batch workqueue is WQ_HIGHPRI: a batch worker that preempts its
+	 * submitter gets one request a turn.  What may wait (a flush, a read
+	 * or write that would block) runs in a work of its tag's, beside
+	 * them.
 	 */
 	dev->remap_wq = alloc_workqueue("hybd%u_remap",
 					WQ_MEM_RECLAIM | WQ_UNBOUND | WQ_HIGHPRI,
 					0, dev->id);
 	dev->remap_batch_wq = alloc_workqueue("hybd%u_batch",
-					      WQ_MEM_RECLAIM | WQ_UNBOUND |
-					      WQ_HIGHPRI, 0, dev->id);
+					      WQ_MEM_RECLAIM | WQ_UNBOUND, 0,
+					      dev->id);
 	dev->remap_local_wq = alloc_workqueue("hybd%u_local", WQ_MEM_RECLAIM,
 					      0, dev->id);
-	if (!dev->remap_wq || !dev->remap_batch_wq || !dev->remap_local_wq) {
+	dev->remap_beside_wq = alloc_workqueue("hybd%u_beside",
+					       WQ_MEM_RECLAIM |
+					       WQ_CPU_INTENSIVE, 0, dev->id);
+	if (!dev->remap_wq || !dev->remap_batch_wq || !dev->remap_local_wq ||
+	    !dev->remap_beside_wq) {
 		ret = -ENOMEM;
 		goto out_id;
 	}

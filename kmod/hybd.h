@@ -213,14 +213,20 @@ struct hybd_queue {
 
 	/*
 	 * Remapped reads and writes wait here for @remap_local_work (one
-	 * alone on the queue: on its CPU) or @remap_work (unbound), which
-	 * start the batch they find one after another, without waiting where
-	 * the target can say so: one worker's wakeup for a whole batch.
+	 * alone on the queue: on its CPU), @remap_beside_work (on
+	 * @beside_cpu, a CPU of an idle queue) or @remap_work (unbound),
+	 * which start the batch they find one after another, without waiting
+	 * where the target can say so: one worker's wakeup for a whole batch.
 	 */
 	struct llist_head	remap_list;
 	atomic_t		remaps;		/* reads, writes in flight */
 	struct work_struct	remap_work;
 	struct work_struct	remap_local_work;
+	struct work_struct	remap_beside_work;
+	/* where it last went: hints, read and set racily */
+	unsigned int		beside_queue;
+	unsigned int		beside_cpu;
+	struct blk_mq_hw_ctx	*hctx;		/* for its CPUs */
 };
 
 struct hybd_dev {
@@ -307,14 +313,15 @@ struct hybd_dev {
 	 * Remaps start their backing I/O from the device's own workqueues,
 	 * each with a rescuer, so that under memory pressure one device's
 	 * I/O stacked on another's never waits for a worker: @remap_wq for
-	 * what may wait (a tag's own work), @remap_batch_wq and
-	 * @remap_local_wq for the queues' batches (unbound, and on the CPU
-	 * that queued them), so that works that wait never hold a batch
-	 * back for want of a worker.
+	 * what may wait (a tag's own work), @remap_batch_wq,
+	 * @remap_local_wq and @remap_beside_wq for the queues' batches
+	 * (unbound, on the CPU that queued them, and on one it chose), so
+	 * that works that wait never hold a batch back for want of a worker.
 	 */
 	struct workqueue_struct	*remap_wq;
 	struct workqueue_struct	*remap_batch_wq;
 	struct workqueue_struct	*remap_local_wq;
+	struct workqueue_struct	*remap_beside_wq;
 
 	/* the BPF fast path; written under hybd_bpf_lock, read under RCU */
 	struct hybd_bpf_prog __rcu *bpf_prog;

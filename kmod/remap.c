@@ -8,8 +8,10 @@
  * itself, as clones of the request's bios (hybd_remap_issue()); what a
  * worker does for it is only a fallback, as direct I/O on the device.
  *
- * Each queue's reads and writes are started in batches by one work of
- * the queue's, without waiting where the target can tell (IOCB_NOWAIT);
+ * Each queue's reads and writes are started in batches by a work of the
+ * queue's (on the submitter's CPU for a request alone, else beside the
+ * submitters or unbound: hybd_remap_queue(), hybd_remap_kick()), without
+ * waiting where the target can tell (IOCB_NOWAIT);
  * what would wait is started again from a work of the tag's own, as are
  * flushes, discards and write-zeroes, so that it holds no batch behind it.
  * Every remap also holds dev->remap_srcu from its submit() to its end,
@@ -25,6 +27,7 @@
 #include <linux/pagemap.h>
 #include <linux/rcupdate.h>
 #include <linux/sched.h>
+#include <linux/sched/isolation.h>
 #include <linux/sched/mm.h>
 #include <linux/slab.h>
 #include <linux/uio.h>
@@ -329,7 +332,8 @@ static void hybd_remap_rw(struct hybd_tag *t, bool nowait)
 	if (rq->bio != rq->biotail) {
 		if (!r->bvec) {
 			bvec = kmalloc_array(nr, sizeof(*bvec), nowait ?
-					     GFP_NOWAIT : GFP_NOIO);
+					     GFP_NOWAIT | __GFP_NOWARN :
+					     GFP_NOIO);
 			if (!bvec && nowait) {
 				hybd_remap_wait(q, r);
 				return;
@@ -521,8 +525,77 @@ static void hybd_remap_work(struct work_struct *work)
 	hybd_remap_worker_exit(pflags);
 }
 
+/* At most this many other queues are looked at for a place beside. */
+#define HYBD_REMAP_BESIDE_SCAN	8
+
+/* A CPU of @o's that a bound worker may use: online, not isolated. */
+static unsigned int hybd_remap_cpu_of(struct hybd_queue *o, unsigned int hint)
+{
+	const struct cpumask *mask = o->hctx->cpumask;
+	unsigned int cpu;
+
+	/* blk-mq has left the isolated CPUs out of the mask */
+	if (hint < nr_cpu_ids && cpumask_test_cpu(hint, mask) &&
+	    cpu_online(hint) && housekeeping_test_cpu(hint, HK_TYPE_WQ))
+		return hint;
+	for_each_cpu_and(cpu, mask, cpu_online_mask)
+		if (housekeeping_test_cpu(cpu, HK_TYPE_WQ))
+			return cpu;
+	return nr_cpu_ids;
+}
+
 /*
- * Hand @first and those after it, oldest first, to the unbound worker.
+ * A CPU beside @q's submitters for its batch: one of another of the
+ * device's queues, a queue with no remap in flight (none of the device's
+ * submitters keeps it busy), so that the worker does not take turns with
+ * them.  The queue chosen last while it stays idle (the worker keeps its
+ * cache), else the next one after it.  That a queue has no remap in
+ * flight says nothing of the other tasks on its CPUs: the worker then
+ * shares one as an unbound worker would.
+ * Return: nr_cpu_ids if there is none (a single queue, every queue busy).
+ */
+static unsigned int hybd_remap_beside(struct hybd_queue *q)
+{
+	struct hybd_dev *dev = q->dev;
+	unsigned int nr = dev->params.basic.nr_hw_queues;
+	unsigned int qi = READ_ONCE(q->beside_queue), n, cpu;
+	struct hybd_queue *o;
+
+	for (n = 0; n < min(nr, HYBD_REMAP_BESIDE_SCAN + 1);
+	     n++, qi = qi + 1 < nr ? qi + 1 : 0) {
+		o = &dev->queues[qi];
+		if (o == q || atomic_read(&o->remaps))
+			continue;
+		cpu = hybd_remap_cpu_of(o, READ_ONCE(q->beside_cpu));
+		if (cpu >= nr_cpu_ids)
+			continue;
+		if (qi != READ_ONCE(q->beside_queue))
+			WRITE_ONCE(q->beside_queue, qi);
+		if (cpu != READ_ONCE(q->beside_cpu))
+			WRITE_ONCE(q->beside_cpu, cpu);
+		return cpu;
+	}
+	return nr_cpu_ids;
+}
+
+/*
+ * Queue @q's batch work: beside its submitters if a queue there is idle,
+ * else unbound.  (A CPU that goes offline meanwhile only moves the work:
+ * queue_work_on() then runs it on another.)
+ */
+static void hybd_remap_kick(struct hybd_queue *q)
+{
+	unsigned int cpu = hybd_remap_beside(q);
+
+	if (cpu < nr_cpu_ids)
+		queue_work_on(cpu, q->dev->remap_beside_wq,
+			      &q->remap_beside_work);
+	else
+		queue_work(q->dev->remap_batch_wq, &q->remap_work);
+}
+
+/*
+ * Hand @first and those after it, oldest first, to the batch worker.
  * Reversed, they go on the list (a stack) in one push, newest on top, as
  * if pushed one by one in their order: the worker's llist_reverse_order()
  * restores it, behind any pushed meanwhile.  @first ends up the last.
@@ -532,7 +605,7 @@ static void hybd_remap_requeue(struct hybd_queue *q, struct llist_node *first)
 	struct llist_node *top = llist_reverse_order(first);
 
 	if (llist_add_batch(top, first, &q->remap_list))
-		queue_work(q->dev->remap_batch_wq, &q->remap_work);
+		hybd_remap_kick(q);
 }
 
 /*
@@ -546,7 +619,7 @@ static void hybd_remap_requeue(struct hybd_queue *q, struct llist_node *first)
  * workqueue under memory pressure moves on to the other queues' works.
  *
  * A request queued @alone (the local work, on its CPU) is started alone:
- * whatever joined it before this ran goes to the unbound worker, so that
+ * whatever joined it before this ran goes to the batch worker, so that
  * a burst never stays on one CPU, behind a submitter that may not let
  * the worker run.
  */
@@ -579,6 +652,12 @@ static void hybd_remap_batch_work(struct work_struct *work)
 			 false);
 }
 
+static void hybd_remap_beside_work(struct work_struct *work)
+{
+	hybd_remap_batch(container_of(work, struct hybd_queue,
+				      remap_beside_work), false);
+}
+
 static void hybd_remap_local_work(struct work_struct *work)
 {
 	hybd_remap_batch(container_of(work, struct hybd_queue,
@@ -594,11 +673,11 @@ static void hybd_remap_local_work(struct work_struct *work)
  * no other CPU to wake.  A submitter that does not wait would take turns
  * with that worker on its CPU (its wakeup preempts the submitter), one
  * request a turn while the other CPUs idle: a request marked REQ_NOWAIT
- * (io_uring's, which reaps its completions later) goes to the unbound
+ * (io_uring's, which reaps its completions later) goes to the batch
  * worker, as batches do under load, so that what the target does in the
- * call (a copy) runs beside the submitters, as in the loop driver.  (An
- * aio submitter does not mark its requests: it still takes turns.)  Both
- * works may run at once, on separate batches.
+ * call (a copy) runs beside the submitters (hybd_remap_kick()).  (An aio
+ * submitter does not mark its requests: it still takes turns.)  The works
+ * may run at once, on separate batches.
  */
 static void hybd_remap_queue(struct hybd_queue *q, struct hybd_tag *t,
 			     bool last)
@@ -609,7 +688,7 @@ static void hybd_remap_queue(struct hybd_queue *q, struct hybd_tag *t,
 	    !(t->rq->cmd_flags & REQ_NOWAIT))
 		queue_work(q->dev->remap_local_wq, &q->remap_local_work);
 	else
-		queue_work(q->dev->remap_batch_wq, &q->remap_work);
+		hybd_remap_kick(q);
 }
 
 /*
@@ -777,6 +856,10 @@ void hybd_remap_init_queue(struct hybd_queue *q)
 	atomic_set(&q->remaps, 0);
 	INIT_WORK(&q->remap_work, hybd_remap_batch_work);
 	INIT_WORK(&q->remap_local_work, hybd_remap_local_work);
+	INIT_WORK(&q->remap_beside_work, hybd_remap_beside_work);
+	/* queues start beside different ones */
+	q->beside_queue = (q->id + 1) % q->dev->params.basic.nr_hw_queues;
+	q->beside_cpu = nr_cpu_ids;
 	for (i = 0; i < q->dev->params.basic.queue_depth; i++)
 		INIT_WORK(&q->tags[i].remap.work, hybd_remap_work);
 }
