@@ -80,6 +80,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/timerfd.h>
@@ -433,6 +434,32 @@ static void came_up(struct nq *nq)
 	list_splice_head(&held, &nq->held);
 }
 
+/* Replies read at most in one wakeup of the worker (see read_replies). */
+#define REPLY_BURST 16
+
+/*
+ * libnbd reads one reply a notification.  While replies are queued on the
+ * socket, read them in one go: each further one costs a FIONREAD here
+ * instead of a poll() and a commit of the worker's, and their requests
+ * complete together.  Not after the last in flight (a QD1 reply), which
+ * would pay the FIONREAD for nothing.
+ */
+static int read_replies(struct nq *nq)
+{
+	int ret, avail, n = 0;
+
+	for (;;) {
+		ret = nbd_aio_notify_read(nq->h);
+		if (ret < 0 || ++n == REPLY_BURST || nbd_aio_is_dead(nq->h) ||
+		    nbd_aio_is_closed(nq->h) ||
+		    !(nbd_aio_get_direction(nq->h) & LIBNBD_AIO_DIRECTION_READ) ||
+		    nbd_aio_in_flight(nq->h) <= 0)
+			return ret;
+		if (ioctl(nq->fd, FIONREAD, &avail) || avail <= 0)
+			return 0;
+	}
+}
+
 /* The socket is ready for what libnbd waits for. */
 static void sock_ready(struct hybd_queue *q, int fd, unsigned int revents,
 		       void *arg)
@@ -447,7 +474,7 @@ static void sock_ready(struct hybd_queue *q, int fd, unsigned int revents,
 	dir = nbd_aio_get_direction(nq->h);
 	if ((dir & LIBNBD_AIO_DIRECTION_READ) &&
 	    (revents & (POLLIN | POLLERR | POLLHUP)))
-		ret = nbd_aio_notify_read(nq->h);
+		ret = read_replies(nq);
 	else if ((dir & LIBNBD_AIO_DIRECTION_WRITE) &&
 		 (revents & (POLLOUT | POLLERR | POLLHUP)))
 		ret = nbd_aio_notify_write(nq->h);
