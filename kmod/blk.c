@@ -246,7 +246,7 @@ static blk_status_t hybd_end_fast(struct hybd_queue *q, struct request *rq,
 	return BLK_STS_OK;
 }
 
-/* blk_mq_complete_request() of a remapped request: end it. */
+/* ->complete of a remapped request (hybd_remap_complete()): end it. */
 static void hybd_complete_rq(struct request *rq)
 {
 	struct hybd_queue *q = rq->mq_hctx->driver_data;

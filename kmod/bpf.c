@@ -741,8 +741,8 @@ int hybd_bpf_submit(struct hybd_queue *q, struct hybd_tag *t)
  * in flight when a cache program arrived must still invalidate it.
  *
  * Context: the server's commit (process context), or a remap's completion
- * (the remap worker, a softirq or the target's hard interrupt), before the
- * request ends.
+ * (any task, a softirq or the target's hard interrupt), before the request
+ * ends.
  */
 void hybd_bpf_complete(struct hybd_queue *q, struct hybd_tag *t)
 {

@@ -181,11 +181,27 @@ static void hybd_remap_wait(struct hybd_queue *q, struct hybd_remap *r)
 }
 
 /*
+ * End a remapped request, in any context.  A device of one queue has its
+ * completions that blk-mq does not send to another CPU go through the
+ * block softirq, which a task (a worker) hands to ksoftirqd: two more
+ * context switches a request.  A task with interrupts on ends it itself
+ * instead, as blk-mq's local path does (rq_affinity is not followed
+ * there: it completes on the task's CPU).
+ */
+static void hybd_remap_complete(struct request *rq)
+{
+	if (in_task() && !irqs_disabled() && rq->q->nr_hw_queues == 1)
+		blk_mq_complete_request_direct(rq, rq->q->mq_ops->complete);
+	else
+		blk_mq_complete_request(rq);
+}
+
+/*
  * One direct I/O call is over (r->ret is set): if it was asked not to
  * wait and could not do without, start it again where it may; go on from
  * where it stopped if it made progress short of the end (a file system
- * may do less than asked); else end the request in its completion
- * context, where blk-mq calls hybd_remap_end().  A read that gets nothing
+ * may do less than asked); else end the request (hybd_remap_complete():
+ * blk-mq's completion, or at once), where hybd_remap_end() runs.  A read that gets nothing
  * more has hit the file's end: the rest reads as zeros there, as with the
  * loop driver.
  */
@@ -234,14 +250,16 @@ static void hybd_remap_put(struct hybd_remap *r)
 	/*
 	 * A read that ended short (a file's end off a dio_align boundary) is
 	 * zero-filled to its end, up to max_io_bytes, by hybd_remap_end() in
-	 * the completion's context: not in the target's hard interrupt.
+	 * the completion's context: not in the target's hard interrupt, nor
+	 * with interrupts off.
 	 */
-	if (r->ret >= 0 && r->done < t->bio.bytes && in_hardirq()) {
+	if (r->ret >= 0 && r->done < t->bio.bytes &&
+	    (in_hardirq() || irqs_disabled())) {
 		r->finish = true;
 		queue_work(q->dev->remap_wq, &r->work);
 		return;
 	}
-	blk_mq_complete_request(t->rq);
+	hybd_remap_complete(t->rq);
 }
 
 static void hybd_remap_rw_done(struct kiocb *iocb, long ret)
@@ -340,7 +358,7 @@ static void hybd_remap_rw(struct hybd_tag *t, bool nowait)
 			}
 			if (!bvec) {
 				r->ret = -ENOMEM;
-				blk_mq_complete_request(rq);
+				hybd_remap_complete(rq);
 				return;
 			}
 			r->bvec = bvec;
@@ -504,7 +522,7 @@ static void hybd_remap_work(struct work_struct *work)
 
 	if (r->finish) {
 		r->finish = false;
-		blk_mq_complete_request(t->rq);
+		hybd_remap_complete(t->rq);
 		return;
 	}
 	pflags = hybd_remap_worker_enter();
@@ -515,11 +533,11 @@ static void hybd_remap_work(struct work_struct *work)
 		break;
 	case HYBD_OP_FLUSH:
 		r->ret = hybd_remap_flush(q->dev, r->target);
-		blk_mq_complete_request(t->rq);
+		hybd_remap_complete(t->rq);
 		break;
 	default:
 		r->ret = hybd_remap_fallocate(t);
-		blk_mq_complete_request(t->rq);
+		hybd_remap_complete(t->rq);
 		break;
 	}
 	hybd_remap_worker_exit(pflags);
@@ -759,7 +777,7 @@ static void hybd_remap_bio_done(struct bio *clone)
 	}
 	if (!r->ret)
 		r->ret = t->bio.bytes;
-	blk_mq_complete_request(t->rq);
+	hybd_remap_complete(t->rq);
 }
 
 /*
@@ -900,9 +918,9 @@ bool hybd_remap_start(struct hybd_queue *q, struct hybd_tag *t, bool last)
  * @q: its queue
  * @rq: the request
  *
- * Context: blk-mq's completion: the caller of blk_mq_complete_request()
- * (the worker, or the target's completion, which may be a hard interrupt),
- * or blk-mq's softirq.
+ * Context: blk-mq's completion: the caller of hybd_remap_complete() (a
+ * worker, queue_rq when a clone ends at once, the target's completion,
+ * which may be a hard interrupt), blk-mq's softirq, or its IPI.
  * Return: 0 or the -errno to end the request with; the caller ends it.
  */
 int hybd_remap_end(struct hybd_queue *q, struct request *rq)
