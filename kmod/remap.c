@@ -201,9 +201,9 @@ static void hybd_remap_complete(struct request *rq)
  * wait and could not do without, start it again where it may; go on from
  * where it stopped if it made progress short of the end (a file system
  * may do less than asked); else end the request (hybd_remap_complete():
- * blk-mq's completion, or at once), where hybd_remap_end() runs.  A read that gets nothing
- * more has hit the file's end: the rest reads as zeros there, as with the
- * loop driver.
+ * blk-mq's completion, or at once), where hybd_remap_end() runs.  A read
+ * that gets nothing more has hit the file's end: the rest reads as zeros
+ * there, as with the loop driver.
  */
 static void hybd_remap_put(struct hybd_remap *r)
 {
