@@ -367,7 +367,8 @@ def test_targets_whose_io_may_come_back_are_refused(servers, tmp_path):
     try:
         assert a.add(f"/dev/mapper/{dm}").startswith("error ELOOP")
     finally:
-        run(["dmsetup", "remove", dm], check=True)
+        # udev may still be probing the new dm device: --retry waits
+        run(["dmsetup", "remove", "--retry", dm], check=True)
 
     # a file system on A, directly and under an overlay
     mnt, lower, ovl = (tmp_path / n for n in ("mnt", "lower", "ovl"))

@@ -68,12 +68,22 @@ class Nbdkit:
              *self.plugin],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE, text=True)
+        # drained as it comes: a full pipe would stall nbdkit, and a test
+        # that fails because nbdkit went away shows what it said
+        self.err = []
+        threading.Thread(target=self.err.extend, args=(self.proc.stderr,),
+                         daemon=True).start()
         wait_for(self.listening, 30, "nbdkit to listen")
 
+    def state(self):
+        rc = self.proc.poll()
+        said = "".join(self.err[-20:])
+        return (f"nbdkit {' '.join(self.plugin)}: "
+                f"{'running' if rc is None else f'exited with {rc}'}; "
+                f"stderr: {said or '(nothing)'}")
+
     def listening(self):
-        assert self.proc.poll() is None, (
-            f"nbdkit exited with {self.proc.returncode}: "
-            f"{self.proc.stderr.read()}")
+        assert self.proc.poll() is None, self.state()
         res = run(["ip", "netns", "exec", self.ns, "ss", "-Hltn",
                    f"sport = :{PORT}"], timeout=30)
         return str(PORT) in res.stdout
@@ -105,7 +115,11 @@ class NbdEnv:
                 uri or self.uri()]
 
     def serve(self, *args, uri=None):
-        return self.servers.start(self.cmd(*args, uri=uri))
+        try:
+            return self.servers.start(self.cmd(*args, uri=uri))
+        except pytest.fail.Exception as e:
+            kits = "\n".join(kit.state() for kit in self.kits)
+            pytest.fail(f"{e}\n{kits}", pytrace=False)
 
     def cleanup(self):
         for kit in self.kits:
