@@ -114,6 +114,7 @@ unit: lib bpf examples
 	$(Q)$(MAKE) -C man check check-examples
 	$(Q)$(MAKE) -C tests/unit run
 	$(Q)$(MAKE) -C examples/dedup test-store
+	$(Q)$(MAKE) -C examples/encrypt test-xts
 	$(Q)./tests/unit/bpf-atomics.sh bpf/*.bpf.o examples/*/*.bpf.o
 
 # The suite takes about 20 minutes of pytest on a 2-core machine under TCG,

@@ -20,8 +20,9 @@
  * Each sector (512 or 4096 bytes, --sector-size) is one XTS data unit
  * whose tweak is its number as a 64-bit little-endian integer (plain64):
  * the number of 512-byte sectors before it, or with --iv-large-sectors of
- * sector-size ones (dm-crypt's iv_large_sectors).  The crypto is OpenSSL's
- * (libcrypto EVP), one context per handler thread.
+ * sector-size ones (dm-crypt's iv_large_sectors).  The AES is OpenSSL's
+ * (libcrypto EVP, ECB), the XTS mode around it xts.c's, many sectors per
+ * call; each handler thread has its own contexts.
  *
  * The one difference from dm-crypt: a 4 KiB block that was never written
  * (a hole of a sparse backing file, or one a discard punched) reads as
@@ -68,6 +69,7 @@
 #include <unistd.h>
 
 #include "hybd.h"
+#include "xts.h"
 
 #define BLK_SHIFT	12
 #define BLK_SIZE	(1U << BLK_SHIFT)	/* what a hole bit covers */
@@ -221,7 +223,7 @@ static void stripes_unlock(struct crypt *c, const uint64_t *want)
 
 /* What each handler thread keeps: its contexts and a bounce buffer. */
 struct worker {
-	EVP_CIPHER_CTX *enc, *dec;
+	struct xts xts;
 	unsigned char *bounce;		/* max_io + a block on each side */
 };
 
@@ -231,9 +233,7 @@ static void worker_free(void *arg)
 {
 	struct worker *w = arg;
 
-	/* EVP_CIPHER_CTX_free() wipes the key schedule */
-	EVP_CIPHER_CTX_free(w->enc);
-	EVP_CIPHER_CTX_free(w->dec);
+	xts_fini(&w->xts);	/* wipes the key schedules */
 	free(w->bounce);
 	free(w);
 }
@@ -247,12 +247,8 @@ static struct worker *worker_get(struct crypt *c)
 	w = calloc(1, sizeof(*w));
 	if (!w)
 		return NULL;
-	w->enc = EVP_CIPHER_CTX_new();
-	w->dec = EVP_CIPHER_CTX_new();
 	w->bounce = aligned_alloc(BLK_SIZE, c->max_io + 2 * BLK_SIZE);
-	if (!w->enc || !w->dec || !w->bounce ||
-	    !EVP_CipherInit_ex2(w->enc, c->cipher, c->key, NULL, 1, NULL) ||
-	    !EVP_CipherInit_ex2(w->dec, c->cipher, c->key, NULL, 0, NULL) ||
+	if (!w->bounce || xts_init(&w->xts, c->key, c->key_len) ||
 	    pthread_setspecific(worker_key, w)) {
 		worker_free(w);
 		return NULL;
@@ -261,30 +257,15 @@ static struct worker *worker_get(struct crypt *c)
 }
 
 /*
- * En- or decrypt @len bytes (whole sectors) that belong at byte @off of
- * the device, from @in to @out (which may be the same).
+ * En- (enc) or decrypt @len bytes (whole sectors) that belong at byte @off
+ * of the device, from @in to @out (the same buffer, or apart).
  */
-static int xts(const struct crypt *c, EVP_CIPHER_CTX *ctx, uint64_t off,
-	       unsigned char *out, const unsigned char *in, uint32_t len)
+static int xts(const struct crypt *c, struct worker *w, bool enc,
+	       uint64_t off, unsigned char *out, const unsigned char *in,
+	       uint32_t len)
 {
-	unsigned char iv[16];
-	uint32_t done;
-	uint64_t n;
-	int outl;
-
-	for (done = 0; done < len; done += c->sector_size) {
-		/* plain64: the sector number, little-endian, zero-padded */
-		n = (off + done) >> c->iv_shift;
-		memset(iv, 0, sizeof(iv));
-		for (int i = 0; i < 8; i++)
-			iv[i] = n >> (8 * i);
-		if (!EVP_CipherInit_ex2(ctx, NULL, NULL, iv, -1, NULL) ||
-		    !EVP_CipherUpdate(ctx, out + done, &outl, in + done,
-				      c->sector_size) ||
-		    outl != (int)c->sector_size)
-			return -EIO;
-	}
-	return 0;
+	return xts_crypt(&w->xts, enc, out, in, len, c->sector_size, off,
+			 c->iv_shift) ? -EIO : 0;
 }
 
 /* ---- the handlers ---- */
@@ -383,7 +364,7 @@ static int crypt_read(struct hybd_io *io, void *buf, uint64_t off,
 					 (n + BLK_SIZE - 1) / BLK_SIZE);
 			continue;
 		}
-		ret = xts(c, w->dec, off + done, (unsigned char *)buf + done,
+		ret = xts(c, w, false, off + done, (unsigned char *)buf + done,
 			  (unsigned char *)buf + done, n);
 		if (ret) {
 			report(c, "decrypt", off + done, ret);
@@ -410,7 +391,7 @@ static int crypt_write(struct hybd_io *io, const void *buf, uint64_t off,
 	struct worker *w = worker_get(c);
 	uint64_t first = off >> BLK_SHIFT, last = (off + len - 1) >> BLK_SHIFT;
 	uint64_t want[NR_STRIPES / 64] = { 0 }, start = off, end = off + len;
-	uint64_t blk, pos;
+	uint64_t blk;
 	int flags = hybd_io_flags(io) & HYBD_IO_F_FUA ? RWF_DSYNC : 0;
 	bool locked = false;
 	int ret;
@@ -432,16 +413,18 @@ static int crypt_write(struct hybd_io *io, const void *buf, uint64_t off,
 		if (end % BLK_SIZE && hole(c, last))
 			end = (last + 1) << BLK_SHIFT;
 	}
-	for (pos = start; pos < end; pos += c->sector_size) {
-		const unsigned char *in = pos < off || pos >= off + len ?
-			zeros : (const unsigned char *)buf + (pos - off);
-
-		ret = xts(c, w->enc, pos, w->bounce + (pos - start), in,
-			  c->sector_size);
-		if (ret) {
-			report(c, "encrypt", pos, ret);
-			goto out;
-		}
+	/* the padding (less than a block each side) encrypted from zeros */
+	ret = xts(c, w, true, start, w->bounce, zeros, off - start);
+	if (!ret)
+		ret = xts(c, w, true, off, w->bounce + (off - start), buf,
+			  len);
+	if (!ret)
+		ret = xts(c, w, true, off + len,
+			  w->bounce + (off + len - start), zeros,
+			  end - (off + len));
+	if (ret) {
+		report(c, "encrypt", start, ret);
+		goto out;
 	}
 	ret = pwrite_full(c->fd, w->bounce, end - start, start, flags);
 	if (ret) {
