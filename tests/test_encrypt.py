@@ -178,7 +178,9 @@ COMBOS = [(256, 512, False), (512, 512, False), (256, 4096, False),
 def test_encrypt_round_trips_with_dm_crypt(enc, tmp_path, bits, sector,
                                            iv_large):
     """What hybd writes, dm-crypt reads, and the other way round: the
-    same backing file, the same key, byte for byte."""
+    same backing file, the same key, byte for byte.  The first server
+    cuts its 1 MiB requests into pieces for its crypto helpers (one per
+    CPU beyond the first), the second has none."""
     size = 16 * MiB
     backing = sparse(tmp_path / "backing", size)
     key = tmp_path / "key"
@@ -205,6 +207,9 @@ def test_encrypt_round_trips_with_dm_crypt(enc, tmp_path, bits, sector,
         model.zeros(MiB + 4 * 512, 4096 - 4 * 512)
     model.check(read_all(srv.dev, size), "hybd, before dm-crypt")
     srv.stop()
+    helped = helped_pieces(srv)
+    if (os.cpu_count() or 1) > 1:
+        assert helped > 0, srv.output()
 
     with dm_crypt(backing, key, bits, sector, iv_large) as mapper:
         model.check(read_all(mapper, size), "dm-crypt reading hybd's writes")
@@ -215,9 +220,17 @@ def test_encrypt_round_trips_with_dm_crypt(enc, tmp_path, bits, sector,
             direct_write(mapper, off, data)
             model.write(off, data)
 
-    srv = enc.serve(backing, key, *extra)
+    srv = enc.serve(backing, key, *extra, "--crypt-threads", "0")
     model.check(read_all(srv.dev, size), "hybd reading dm-crypt's writes")
     srv.stop()
+    assert helped_pieces(srv) == 0, srv.output()
+
+
+def helped_pieces(srv):
+    """The pieces of requests the crypto helpers en- or decrypted."""
+    m = re.search(r" helped=(\d+)", srv.output())
+    assert m, srv.output()
+    return int(m.group(1))
 
 
 def test_encrypt_backing_store_never_holds_the_plaintext(enc, tmp_path):

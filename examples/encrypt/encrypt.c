@@ -6,7 +6,8 @@
  *
  *   encrypt --key-file FILE|- [--key-size 256|512] [--sector-size 512|4096]
  *           [--iv-large-sectors] [--allow-discards] [--cache] [--direct]
- *           [--queues N] [--depth N] [--threads N] [--max-io BYTES]
+ *           [--queues N] [--depth N] [--threads N] [--crypt-threads N]
+ *           [--max-io BYTES]
  *           [--id N] [--io-timeout SECONDS] [--bpf PROG.bpf.o | --no-fast-path]
  *           BACKING
  *
@@ -22,7 +23,10 @@
  * the number of 512-byte sectors before it, or with --iv-large-sectors of
  * sector-size ones (dm-crypt's iv_large_sectors).  The AES is OpenSSL's
  * (libcrypto EVP, ECB), the XTS mode around it xts.c's, many sectors per
- * call; each handler thread has its own contexts.
+ * call; each handler thread has its own contexts.  Requests of 64 KiB and
+ * more are en- or decrypted in pieces by the handler and --crypt-threads
+ * helpers (default: one fewer than the online CPUs; 0: none), which run
+ * on any CPU, as dm-crypt's kcryptd.
  *
  * The one difference from dm-crypt: a 4 KiB block that was never written
  * (a hole of a sparse backing file, or one a discard punched) reads as
@@ -55,6 +59,7 @@
 #include <openssl/err.h>
 #include <openssl/evp.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -116,6 +121,7 @@ struct crypt {
 
 	_Atomic uint64_t reads, writes, flushes, discards, zero_blocks,
 		padded_blocks, errors;
+	_Atomic uint64_t helped;	/* pieces the crypto helpers ran */
 };
 
 /* ---- the holes ---- */
@@ -257,6 +263,155 @@ static struct worker *worker_get(struct crypt *c)
 }
 
 /*
+ * Large requests are en- and decrypted by several threads: the handler
+ * cuts one into pieces, helper threads (--crypt-threads, not pinned)
+ * claim pieces while the handler works through the others itself, and
+ * the handler waits for the last piece.  A handler whose helpers are
+ * busy elsewhere does every piece itself.  This is what dm-crypt's
+ * unbound kcryptd workqueue gives it: one stream's crypto on every CPU,
+ * where a queue's worker alone would use one.
+ */
+#define PAR_MIN		(64U << 10)	/* requests from this size are cut */
+#define PAR_PIECE_MIN	(16U << 10)
+#define MAX_HELPERS	15
+
+/* Bytes [at, at + n) of a request, with thread @w's contexts. */
+typedef int piece_fn(const struct crypt *c, struct worker *w, void *arg,
+		     uint32_t at, uint32_t n);
+
+struct par_job {
+	struct par_job *next;		/* in par.jobs while pieces are left */
+	piece_fn *fn;
+	void *arg;
+	uint32_t piece, len;		/* bytes */
+	unsigned int nr, claimed, finished, users;	/* under par.lock */
+	int err;
+};
+
+static struct {
+	pthread_mutex_t lock;
+	pthread_cond_t work;		/* a job was posted, or stop */
+	pthread_cond_t done;		/* a piece finished, a helper left */
+	struct par_job *jobs;
+	const struct crypt *c;
+	unsigned int nr_threads;
+	bool stop;
+	pthread_t threads[MAX_HELPERS];
+} par = {
+	.lock = PTHREAD_MUTEX_INITIALIZER,
+	.work = PTHREAD_COND_INITIALIZER,
+	.done = PTHREAD_COND_INITIALIZER,
+};
+
+/*
+ * Claim the job's next piece and run it, par.lock held (dropped while
+ * it runs).  False when no piece was left.
+ */
+static bool par_run_piece(struct par_job *j, struct worker *w)
+{
+	struct par_job **pp;
+	uint32_t at, n;
+	int ret;
+
+	if (j->claimed == j->nr)
+		return false;
+	at = j->claimed++ * j->piece;
+	if (j->claimed == j->nr) {	/* nothing more to hand out */
+		for (pp = &par.jobs; *pp; pp = &(*pp)->next) {
+			if (*pp == j) {
+				*pp = j->next;
+				break;
+			}
+		}
+	}
+	n = j->len - at < j->piece ? j->len - at : j->piece;
+	pthread_mutex_unlock(&par.lock);
+	ret = j->fn(par.c, w, j->arg, at, n);
+	pthread_mutex_lock(&par.lock);
+	if (ret && !j->err)
+		j->err = ret;
+	if (++j->finished == j->nr)
+		pthread_cond_broadcast(&par.done);
+	return true;
+}
+
+static void *par_helper(void *arg)
+{
+	struct crypt *c = arg;
+	struct worker *w = worker_get(c);
+
+	if (!w)
+		return NULL;	/* the handlers do its share */
+	pthread_mutex_lock(&par.lock);
+	for (;;) {
+		struct par_job *j = par.jobs;
+
+		if (!j) {
+			if (par.stop)
+				break;
+			pthread_cond_wait(&par.work, &par.lock);
+			continue;
+		}
+		j->users++;
+		while (par_run_piece(j, w))
+			atomic_fetch_add(&c->helped, 1);
+		if (!--j->users)
+			pthread_cond_broadcast(&par.done);
+	}
+	pthread_mutex_unlock(&par.lock);
+	return NULL;
+}
+
+/*
+ * Run @fn over [0, @len) of a request: at once in this thread if it is
+ * small, else in pieces (whole sectors) shared with the helpers.  The
+ * first error any piece returned.
+ */
+static int par_for(const struct crypt *c, struct worker *w, uint32_t len,
+		   piece_fn *fn, void *arg)
+{
+	struct par_job j = { .fn = fn, .arg = arg, .len = len };
+	uint32_t piece;
+
+	if (len < PAR_MIN || !par.nr_threads)
+		return fn(c, w, arg, 0, len);
+	/* two pieces for each thread that may take part */
+	piece = len / (2 * (par.nr_threads + 1));
+	if (piece < PAR_PIECE_MIN)
+		piece = PAR_PIECE_MIN;
+	piece = (piece + c->sector_size - 1) & ~(c->sector_size - 1);
+	j.piece = piece;
+	j.nr = (len + piece - 1) / piece;
+
+	pthread_mutex_lock(&par.lock);
+	j.next = par.jobs;
+	par.jobs = &j;
+	pthread_cond_broadcast(&par.work);
+	while (par_run_piece(&j, w))
+		;
+	while (j.finished < j.nr || j.users)
+		pthread_cond_wait(&par.done, &par.lock);
+	pthread_mutex_unlock(&par.lock);
+	return j.err;
+}
+
+struct xts_args {
+	bool enc;
+	unsigned char *out;
+	const unsigned char *in;
+	uint64_t off;
+};
+
+static int xts_piece(const struct crypt *c, struct worker *w, void *arg,
+		     uint32_t at, uint32_t n)
+{
+	const struct xts_args *a = arg;
+
+	return xts_crypt(&w->xts, a->enc, a->out + at, a->in + at, n,
+			 c->sector_size, a->off + at, c->iv_shift) ? -EIO : 0;
+}
+
+/*
  * En- (enc) or decrypt @len bytes (whole sectors) that belong at byte @off
  * of the device, from @in to @out (the same buffer, or apart).
  */
@@ -264,8 +419,44 @@ static int xts(const struct crypt *c, struct worker *w, bool enc,
 	       uint64_t off, unsigned char *out, const unsigned char *in,
 	       uint32_t len)
 {
-	return xts_crypt(&w->xts, enc, out, in, len, c->sector_size, off,
-			 c->iv_shift) ? -EIO : 0;
+	struct xts_args a = { .enc = enc, .out = out, .in = in, .off = off };
+
+	return par_for(c, w, len, xts_piece, &a);
+}
+
+/* Start @n helpers (before the workers: they must not be pinned). */
+static int par_start(const struct crypt *c, unsigned int n)
+{
+	sigset_t all, old;
+	int ret = 0;
+
+	par.c = c;
+	sigfillset(&all);	/* helpers never take signals */
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	for (; par.nr_threads < n; par.nr_threads++) {
+		ret = pthread_create(&par.threads[par.nr_threads], NULL,
+				     par_helper, (void *)c);
+		if (ret)
+			break;
+	}
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (ret)
+		fprintf(stderr, "encrypt: cannot start a crypto thread: %s\n",
+			strerror(ret));
+	return ret ? -1 : 0;
+}
+
+static void par_stop(void)
+{
+	unsigned int i;
+
+	pthread_mutex_lock(&par.lock);
+	par.stop = true;
+	pthread_cond_broadcast(&par.work);
+	pthread_mutex_unlock(&par.lock);
+	for (i = 0; i < par.nr_threads; i++)
+		pthread_join(par.threads[i], NULL);
+	par.nr_threads = 0;
 }
 
 /* ---- the handlers ---- */
@@ -321,14 +512,51 @@ static int pwrite_full(int fd, const void *buf, size_t len, uint64_t off,
 	return 0;
 }
 
+struct read_args {
+	unsigned char *buf;
+	uint64_t off;
+	const bool *holes;		/* of the request's blocks */
+};
+
+/* Bytes [at, at + n) of a read: zeros for holes, the rest decrypted. */
+static int read_piece(const struct crypt *c, struct worker *w, void *arg,
+		      uint32_t at, uint32_t n)
+{
+	const struct read_args *a = arg;
+	uint64_t first = a->off >> BLK_SHIFT;
+	uint32_t done, run;
+	int ret;
+
+	for (done = at; done < at + n; done += run) {
+		bool is_hole = a->holes[((a->off + done) >> BLK_SHIFT) - first];
+
+		run = c->sector_size;
+		while (done + run < at + n &&
+		       a->holes[((a->off + done + run) >> BLK_SHIFT) - first] ==
+		       is_hole)
+			run += c->sector_size;
+		if (is_hole) {
+			memset(a->buf + done, 0, run);
+			continue;
+		}
+		ret = xts_crypt(&w->xts, false, a->buf + done, a->buf + done,
+				run, c->sector_size, a->off + done,
+				c->iv_shift);
+		if (ret)
+			return -EIO;
+	}
+	return 0;
+}
+
 static int crypt_read(struct hybd_io *io, void *buf, uint64_t off,
 		      uint32_t len)
 {
 	struct crypt *c = hybd_io_priv(io);
 	struct worker *w = worker_get(c);
 	uint64_t first = off >> BLK_SHIFT, blk;
-	bool holes[MAX_IO_BLOCKS], any_data = false;
-	uint32_t done, n;
+	bool holes[MAX_IO_BLOCKS];
+	struct read_args a = { .buf = buf, .off = off, .holes = holes };
+	uint32_t nr_holes = 0;
 	int ret;
 
 	if (!w)
@@ -341,37 +569,22 @@ static int crypt_read(struct hybd_io *io, void *buf, uint64_t off,
 	 */
 	for (blk = first; blk <= (off + len - 1) >> BLK_SHIFT; blk++) {
 		holes[blk - first] = hole(c, blk);
-		any_data |= !holes[blk - first];
+		nr_holes += holes[blk - first];
 	}
-	if (any_data) {
+	if (nr_holes < blk - first) {	/* any data */
 		ret = pread_full(c->fd, buf, len, off);
 		if (ret) {
 			report(c, "read", off, ret);
 			return ret;
 		}
 	}
+	if (nr_holes)
+		atomic_fetch_add(&c->zero_blocks, nr_holes);
 	/* runs of sectors: zeros for holes, decrypted data for the rest */
-	for (done = 0; done < len; done += n) {
-		bool is_hole = holes[((off + done) >> BLK_SHIFT) - first];
-
-		n = c->sector_size;
-		while (done + n < len &&
-		       holes[((off + done + n) >> BLK_SHIFT) - first] == is_hole)
-			n += c->sector_size;
-		if (is_hole) {
-			memset((char *)buf + done, 0, n);
-			atomic_fetch_add(&c->zero_blocks,
-					 (n + BLK_SIZE - 1) / BLK_SIZE);
-			continue;
-		}
-		ret = xts(c, w, false, off + done, (unsigned char *)buf + done,
-			  (unsigned char *)buf + done, n);
-		if (ret) {
-			report(c, "decrypt", off + done, ret);
-			return ret;
-		}
-	}
-	return 0;
+	ret = par_for(c, w, len, read_piece, &a);
+	if (ret)
+		report(c, "decrypt", off, ret);
+	return ret;
 }
 
 /*
@@ -698,7 +911,8 @@ static int check_key(struct crypt *c)
 static const char usage[] =
 	"usage: encrypt --key-file FILE|- [--key-size 256|512] [--sector-size 512|4096]\n"
 	"               [--iv-large-sectors] [--allow-discards] [--cache] [--direct]\n"
-	"               [--queues N] [--depth N] [--threads N] [--max-io BYTES] [--id N]\n"
+	"               [--queues N] [--depth N] [--threads N] [--crypt-threads N]\n"
+	"               [--max-io BYTES] [--id N]\n"
 	"               [--io-timeout SECONDS] [--bpf PROG.bpf.o | --no-fast-path]\n"
 	"               BACKING\n";
 
@@ -805,6 +1019,7 @@ int main(int argc, char **argv)
 		{ "queues", required_argument, NULL, 'q' },
 		{ "depth", required_argument, NULL, 'd' },
 		{ "threads", required_argument, NULL, 'T' },
+		{ "crypt-threads", required_argument, NULL, 'P' },
 		{ "max-io", required_argument, NULL, 'm' },
 		{ "id", required_argument, NULL, 'i' },
 		{ "io-timeout", required_argument, NULL, 't' },
@@ -822,12 +1037,16 @@ int main(int argc, char **argv)
 	};
 	struct crypt c = { .fd = -1 };
 	const char *key_file = NULL;
-	uint64_t key_bits = 512, sector = 512, max_io = 0;
+	uint64_t key_bits = 512, sector = 512, max_io = 0, helpers;
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
 	bool iv_large = false, direct = false, fast = true;
 	struct hybd_config cfg;
 	int opt, i = 0, ret;
 
 	hybd_config_init(&cfg);
+	helpers = cpus > 1 ? cpus - 1 : 0;
+	if (helpers > MAX_HELPERS)
+		helpers = MAX_HELPERS;
 	while ((opt = getopt_long(argc, argv, "h", opts, &i)) != -1) {
 		const char *name = opts[i].name;
 
@@ -842,6 +1061,7 @@ int main(int argc, char **argv)
 		case 'q': cfg.nr_queues = number(name, optarg); break;
 		case 'd': cfg.queue_depth = number(name, optarg); break;
 		case 'T': cfg.queue_threads = number(name, optarg); break;
+		case 'P': helpers = number(name, optarg); break;
 		case 'm': max_io = number(name, optarg); break;
 		case 'i': cfg.dev_id = number(name, optarg); break;
 		case 't': cfg.io_timeout = number(name, optarg); break;
@@ -868,6 +1088,11 @@ int main(int argc, char **argv)
 	if (sector != 512 && sector != 4096) {
 		fprintf(stderr, "encrypt: --sector-size %" PRIu64 ": 512 or 4096\n",
 			sector);
+		return 2;
+	}
+	if (helpers > MAX_HELPERS) {
+		fprintf(stderr, "encrypt: --crypt-threads %" PRIu64 ": at most %u\n",
+			helpers, MAX_HELPERS);
 		return 2;
 	}
 	if (iv_large && sector == 512)
@@ -927,6 +1152,8 @@ int main(int argc, char **argv)
 		drv.discard = crypt_discard;
 		cfg.discard_granularity = c.is_file ? BLK_SIZE : sector;
 	}
+	if (par_start(&c, helpers))
+		goto out_par;
 	ret = hybd_run(&cfg, &drv, &c) ? 1 : 0;
 	if (ret)
 		fprintf(stderr, "encrypt: %s\n", hybd_errmsg());
@@ -937,9 +1164,12 @@ int main(int argc, char **argv)
 	}
 	fprintf(stderr, "encrypt: reads=%" PRIu64 " writes=%" PRIu64
 		" flushes=%" PRIu64 " discards=%" PRIu64 " zero_blocks=%" PRIu64
-		" padded_blocks=%" PRIu64 " errors=%" PRIu64 "\n",
+		" padded_blocks=%" PRIu64 " errors=%" PRIu64
+		" helped=%" PRIu64 "\n",
 		c.reads, c.writes, c.flushes, c.discards, c.zero_blocks,
-		c.padded_blocks, c.errors);
+		c.padded_blocks, c.errors, c.helped);
+out_par:
+	par_stop();
 out:
 	wipe_key(&c);
 	if (c.fd >= 0)
