@@ -179,8 +179,9 @@ def test_encrypt_round_trips_with_dm_crypt(enc, tmp_path, bits, sector,
                                            iv_large):
     """What hybd writes, dm-crypt reads, and the other way round: the
     same backing file, the same key, byte for byte.  The first server
-    cuts its 1 MiB requests into pieces for its crypto helpers (one per
-    CPU beyond the first), the second has none."""
+    cuts its requests of 64 KiB and more into pieces for its crypto
+    helpers (one per CPU beyond the first), also where a piece ends
+    inside a 4 KiB block (a read at an odd sector); the second has none."""
     size = 16 * MiB
     backing = sparse(tmp_path / "backing", size)
     key = tmp_path / "key"
@@ -206,6 +207,13 @@ def test_encrypt_round_trips_with_dm_crypt(enc, tmp_path, bits, sector,
         model.zeros(MiB, 512)
         model.zeros(MiB + 4 * 512, 4096 - 4 * 512)
     model.check(read_all(srv.dev, size), "hybd, before dm-crypt")
+    if sector == 512:
+        # 192 KiB from an odd sector: over the 1 MiB of data and past it
+        # into holes, pieces ending inside blocks
+        start = 9 * MiB - 96 * 1024 - 3 * 512
+        got = direct_read(srv.dev, start, 192 << 10)
+        want = model.data[start:start + (192 << 10)]
+        assert got == want, "an odd-sector read of data and holes"
     srv.stop()
     helped = helped_pieces(srv)
     if (os.cpu_count() or 1) > 1:

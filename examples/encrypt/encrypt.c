@@ -25,8 +25,8 @@
  * (libcrypto EVP, ECB), the XTS mode around it xts.c's, many sectors per
  * call; each handler thread has its own contexts.  Requests of 64 KiB and
  * more are en- or decrypted in pieces by the handler and --crypt-threads
- * helpers (default: one fewer than the online CPUs; 0: none), which run
- * on any CPU, as dm-crypt's kcryptd.
+ * helpers (default: one fewer than the CPUs it may use; 0: none), which
+ * run on any CPU, as dm-crypt's kcryptd.
  *
  * The one difference from dm-crypt: a 4 KiB block that was never written
  * (a hole of a sparse backing file, or one a discard punched) reads as
@@ -59,6 +59,7 @@
 #include <openssl/err.h>
 #include <openssl/evp.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -244,7 +245,8 @@ static void worker_free(void *arg)
 	free(w);
 }
 
-static struct worker *worker_get(struct crypt *c)
+/* This thread's; a crypto helper (@bounce false) writes nothing. */
+static struct worker *worker_get_for(struct crypt *c, bool bounce)
 {
 	struct worker *w = pthread_getspecific(worker_key);
 
@@ -253,13 +255,19 @@ static struct worker *worker_get(struct crypt *c)
 	w = calloc(1, sizeof(*w));
 	if (!w)
 		return NULL;
-	w->bounce = aligned_alloc(BLK_SIZE, c->max_io + 2 * BLK_SIZE);
-	if (!w->bounce || xts_init(&w->xts, c->key, c->key_len) ||
+	if (bounce)
+		w->bounce = aligned_alloc(BLK_SIZE, c->max_io + 2 * BLK_SIZE);
+	if ((bounce && !w->bounce) || xts_init(&w->xts, c->key, c->key_len) ||
 	    pthread_setspecific(worker_key, w)) {
 		worker_free(w);
 		return NULL;
 	}
 	return w;
+}
+
+static struct worker *worker_get(struct crypt *c)
+{
+	return worker_get_for(c, true);
 }
 
 /*
@@ -281,6 +289,7 @@ typedef int piece_fn(const struct crypt *c, struct worker *w, void *arg,
 
 struct par_job {
 	struct par_job *next;		/* in par.jobs while pieces are left */
+	pthread_cond_t done;		/* the last piece finished, or a helper left */
 	piece_fn *fn;
 	void *arg;
 	uint32_t piece, len;		/* bytes */
@@ -291,16 +300,15 @@ struct par_job {
 static struct {
 	pthread_mutex_t lock;
 	pthread_cond_t work;		/* a job was posted, or stop */
-	pthread_cond_t done;		/* a piece finished, a helper left */
 	struct par_job *jobs;
 	const struct crypt *c;
-	unsigned int nr_threads;
+	unsigned int nr_threads;	/* started */
+	unsigned int live;		/* of those, taking pieces */
 	bool stop;
 	pthread_t threads[MAX_HELPERS];
 } par = {
 	.lock = PTHREAD_MUTEX_INITIALIZER,
 	.work = PTHREAD_COND_INITIALIZER,
-	.done = PTHREAD_COND_INITIALIZER,
 };
 
 /*
@@ -331,18 +339,21 @@ static bool par_run_piece(struct par_job *j, struct worker *w)
 	if (ret && !j->err)
 		j->err = ret;
 	if (++j->finished == j->nr)
-		pthread_cond_broadcast(&par.done);
+		pthread_cond_signal(&j->done);
 	return true;
 }
 
 static void *par_helper(void *arg)
 {
 	struct crypt *c = arg;
-	struct worker *w = worker_get(c);
+	struct worker *w = worker_get_for(c, false);
 
-	if (!w)
-		return NULL;	/* the handlers do its share */
+	if (!w) {
+		fprintf(stderr, "encrypt: a crypto helper has no memory: the handlers do its share\n");
+		return NULL;
+	}
 	pthread_mutex_lock(&par.lock);
+	par.live++;
 	for (;;) {
 		struct par_job *j = par.jobs;
 
@@ -356,8 +367,9 @@ static void *par_helper(void *arg)
 		while (par_run_piece(j, w))
 			atomic_fetch_add(&c->helped, 1);
 		if (!--j->users)
-			pthread_cond_broadcast(&par.done);
+			pthread_cond_signal(&j->done);
 	}
+	par.live--;
 	pthread_mutex_unlock(&par.lock);
 	return NULL;
 }
@@ -371,27 +383,36 @@ static int par_for(const struct crypt *c, struct worker *w, uint32_t len,
 		   piece_fn *fn, void *arg)
 {
 	struct par_job j = { .fn = fn, .arg = arg, .len = len };
+	unsigned int live;
 	uint32_t piece;
 
 	if (len < PAR_MIN || !par.nr_threads)
 		return fn(c, w, arg, 0, len);
+	pthread_mutex_lock(&par.lock);
+	live = par.live;
+	pthread_mutex_unlock(&par.lock);
+	if (!live)
+		return fn(c, w, arg, 0, len);
 	/* two pieces for each thread that may take part */
-	piece = len / (2 * (par.nr_threads + 1));
+	piece = len / (2 * (live + 1));
 	if (piece < PAR_PIECE_MIN)
 		piece = PAR_PIECE_MIN;
 	piece = (piece + c->sector_size - 1) & ~(c->sector_size - 1);
 	j.piece = piece;
 	j.nr = (len + piece - 1) / piece;
 
+	pthread_cond_init(&j.done, NULL);
 	pthread_mutex_lock(&par.lock);
 	j.next = par.jobs;
 	par.jobs = &j;
 	pthread_cond_broadcast(&par.work);
 	while (par_run_piece(&j, w))
 		;
+	/* only pieces a helper has begun are left: wait for those */
 	while (j.finished < j.nr || j.users)
-		pthread_cond_wait(&par.done, &par.lock);
+		pthread_cond_wait(&j.done, &par.lock);
 	pthread_mutex_unlock(&par.lock);
+	pthread_cond_destroy(&j.done);
 	return j.err;
 }
 
@@ -424,8 +445,13 @@ static int xts(const struct crypt *c, struct worker *w, bool enc,
 	return par_for(c, w, len, xts_piece, &a);
 }
 
-/* Start @n helpers (before the workers: they must not be pinned). */
-static int par_start(const struct crypt *c, unsigned int n)
+/*
+ * Start @n helpers, from the main thread before hybd_run(): so they are
+ * not pinned as the queue workers are, and, with every signal blocked,
+ * leave SIGINT and SIGTERM to the library.  A helper that cannot start is
+ * one fewer; the server runs with the others.
+ */
+static void par_start(const struct crypt *c, unsigned int n)
 {
 	sigset_t all, old;
 	int ret = 0;
@@ -441,9 +467,8 @@ static int par_start(const struct crypt *c, unsigned int n)
 	}
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	if (ret)
-		fprintf(stderr, "encrypt: cannot start a crypto thread: %s\n",
-			strerror(ret));
-	return ret ? -1 : 0;
+		fprintf(stderr, "encrypt: started %u of %u crypto helpers: %s\n",
+			par.nr_threads, n, strerror(ret));
 }
 
 static void par_stop(void)
@@ -1038,13 +1063,15 @@ int main(int argc, char **argv)
 	struct crypt c = { .fd = -1 };
 	const char *key_file = NULL;
 	uint64_t key_bits = 512, sector = 512, max_io = 0, helpers;
-	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	cpu_set_t cpus;
 	bool iv_large = false, direct = false, fast = true;
 	struct hybd_config cfg;
 	int opt, i = 0, ret;
 
 	hybd_config_init(&cfg);
-	helpers = cpus > 1 ? cpus - 1 : 0;
+	/* one per CPU this process may use, beyond the first */
+	helpers = sched_getaffinity(0, sizeof(cpus), &cpus) ? 0 :
+		  CPU_COUNT(&cpus) - 1;
 	if (helpers > MAX_HELPERS)
 		helpers = MAX_HELPERS;
 	while ((opt = getopt_long(argc, argv, "h", opts, &i)) != -1) {
@@ -1152,8 +1179,7 @@ int main(int argc, char **argv)
 		drv.discard = crypt_discard;
 		cfg.discard_granularity = c.is_file ? BLK_SIZE : sector;
 	}
-	if (par_start(&c, helpers))
-		goto out_par;
+	par_start(&c, helpers);
 	ret = hybd_run(&cfg, &drv, &c) ? 1 : 0;
 	if (ret)
 		fprintf(stderr, "encrypt: %s\n", hybd_errmsg());
@@ -1168,8 +1194,7 @@ int main(int argc, char **argv)
 		" helped=%" PRIu64 "\n",
 		c.reads, c.writes, c.flushes, c.discards, c.zero_blocks,
 		c.padded_blocks, c.errors, c.helped);
-out_par:
-	par_stop();
+	par_stop();	/* before the key's wipe: helpers hold its schedule */
 out:
 	wipe_key(&c);
 	if (c.fd >= 0)

@@ -3,7 +3,8 @@
  * test_xts - xts.c against OpenSSL's own XTS cipher, one data unit per
  * call as dm-crypt does it: both key sizes, 512- and 4096-byte units,
  * both IV counts, random lengths (past a chunk) and offsets (past 2^32
- * sectors), in place and not, both directions; and what it refuses.
+ * sectors), in place and not, both directions, each checked against
+ * OpenSSL's other direction; and what it refuses.
  * Prints "N passed, N failed"; exits non-zero on a failure.
  */
 #include <errno.h>
@@ -107,14 +108,19 @@ int main(void)
 			check(!xts_crypt(&x, false, got, got, len, unit, off,
 					 iv_shift) && !memcmp(got, plain, len),
 			      "decrypt in place", key_len, unit, len, off);
-			/* OpenSSL decrypts ours; we decrypt OpenSSL's */
-			reference(dec, got, want, len, unit, off, iv_shift);
-			check(!memcmp(got, plain, len), "OpenSSL decrypts it",
-			      key_len, unit, len, off);
-			memcpy(got, want, len);
-			check(!xts_crypt(&x, false, got, got, len, unit, off,
-					 iv_shift) && !memcmp(got, plain, len),
-			      "decrypt OpenSSL's", key_len, unit, len, off);
+			/* encrypt in place: OpenSSL decrypts it */
+			memcpy(got, plain, len);
+			check(!xts_crypt(&x, true, got, got, len, unit, off,
+					 iv_shift) &&
+			      !reference(dec, want, got, len, unit, off,
+					 iv_shift) && !memcmp(want, plain, len),
+			      "OpenSSL decrypts ours", key_len, unit, len,
+			      off);
+			/* decrypt OpenSSL's, not in place */
+			check(!xts_crypt(&x, false, want, got, len, unit, off,
+					 iv_shift) && !memcmp(want, plain, len),
+			      "decrypt, not in place", key_len, unit, len,
+			      off);
 		}
 		check(xts_crypt(&x, true, got, plain, 1000, 512, 0, 9) ==
 		      -EINVAL, "a length not a whole unit", key_len, 512,

@@ -12,6 +12,7 @@
 #include <endian.h>
 #include <errno.h>
 #include <openssl/crypto.h>
+#include <openssl/err.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -142,12 +143,13 @@ int xts_crypt(struct xts *x, bool enc, unsigned char *out,
 	      const unsigned char *in, size_t len, unsigned int unit,
 	      uint64_t off, unsigned int iv_shift)
 {
-	unsigned int per_chunk = CHUNK / unit;
+	unsigned int per_chunk;
 	size_t done = 0;
 	int ret;
 
 	if (unit < MIN_UNIT || unit > CHUNK || unit % 16 || len % unit)
 		return -EINVAL;
+	per_chunk = CHUNK / unit;
 	while (done < len) {
 		size_t units = (len - done) / unit;
 
@@ -155,8 +157,10 @@ int xts_crypt(struct xts *x, bool enc, unsigned char *out,
 			units = per_chunk;
 		ret = chunk(x, enc, out + done, in + done, units, unit,
 			    off + done, iv_shift);
-		if (ret)
+		if (ret) {
+			ERR_clear_error();	/* this thread's queue */
 			return ret;
+		}
 		done += units * unit;
 	}
 	return 0;
