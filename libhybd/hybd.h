@@ -33,6 +33,11 @@
  *    handed to the kernel in one system call per batch.
  *  - a thread pool: hybd_config.queue_threads = N runs the handlers of each
  *    queue in N threads, so N blocking handlers can be in flight per queue.
+ *    The pool's threads may run where the queue's worker may (beside the
+ *    queue's submitters, often one CPU): they overlap handlers that wait,
+ *    not ones that compute.  A driver whose handlers compute on large
+ *    requests spreads that work itself, as examples/encrypt's crypto
+ *    helpers do (threads of its own, not pinned).
  *
  * Compatibility.  struct hybd_driver and struct hybd_config may grow: the
  * hybd_dev_create() and hybd_run() macros pass the sizes the caller was
