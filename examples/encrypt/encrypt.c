@@ -311,6 +311,15 @@ static struct {
 	.work = PTHREAD_COND_INITIALIZER,
 };
 
+/* En- or decrypt @len bytes at device byte @off here, in this thread. */
+static int xts_here(const struct crypt *c, struct worker *w, bool enc,
+		    uint64_t off, unsigned char *out, const unsigned char *in,
+		    uint32_t len)
+{
+	return xts_crypt(&w->xts, enc, out, in, len, c->sector_size, off,
+			 c->iv_shift) ? -EIO : 0;
+}
+
 /*
  * Claim the job's next piece and run it, par.lock held (dropped while
  * it runs).  False when no piece was left.
@@ -428,8 +437,7 @@ static int xts_piece(const struct crypt *c, struct worker *w, void *arg,
 {
 	const struct xts_args *a = arg;
 
-	return xts_crypt(&w->xts, a->enc, a->out + at, a->in + at, n,
-			 c->sector_size, a->off + at, c->iv_shift) ? -EIO : 0;
+	return xts_here(c, w, a->enc, a->off + at, a->out + at, a->in + at, n);
 }
 
 /*
@@ -564,11 +572,10 @@ static int read_piece(const struct crypt *c, struct worker *w, void *arg,
 			memset(a->buf + done, 0, run);
 			continue;
 		}
-		ret = xts_crypt(&w->xts, false, a->buf + done, a->buf + done,
-				run, c->sector_size, a->off + done,
-				c->iv_shift);
+		ret = xts_here(c, w, false, a->off + done, a->buf + done,
+			       a->buf + done, run);
 		if (ret)
-			return -EIO;
+			return ret;
 	}
 	return 0;
 }
