@@ -101,6 +101,11 @@ per I/O, and which task ran on which CPU) at QD1 and QD32 4 KiB and QD1
 128 KiB, into RESULTS/trace.json: where the time goes, which the medians
 above do not say (docs/slow-path.md).
 
+--profile measures nothing either: perf samples every CPU while fio reads
+each selected line at QD32 (4 KiB), and the report gives each task's and
+function's CPU time per completed request (tools/reqtrace.py profile).  It
+needs perf (Debian's linux-perf), which the project's deps do not install.
+
 Run as root: tools/vm-run bench [ARGS], or directly on a >= 6.12 host.
 Exit status: 0 when every selected line was measured (whether the targets
 are met or not: this reports numbers, it does not judge the build), 1 when a
@@ -1505,6 +1510,14 @@ def print_report(doc, out=sys.stdout):
                                    for i, (c, w) in enumerate(zip(r, widths))
                                    ).rstrip(), file=out)
         print(f"  ({note})", file=out)
+    m = doc["meta"]
+    if m.get("clocksource_after", m.get("clocksource_before")) != \
+            m.get("clocksource_before") or \
+            m.get("clocksource_before") not in (None, "tsc"):
+        print(f"\nWARNING: the guest's clock was {m.get('clocksource_before')}"
+              f" at the start and {m.get('clocksource_after')} at the end: "
+              "rounds after a switch from the TSC are slowed by every clock "
+              "read (dmesg.txt says when); measure again", file=out)
     print("\ntargets:", file=out)
     for t in doc["targets"]:
         if t["verdict"] == "not run":
@@ -1626,6 +1639,11 @@ def guest_accel(results):
     return m.group(1) if m else None
 
 
+# the clock fio and the stats read: a switch away from the TSC (the
+# watchdog's, under load) makes every clock read slow from then on
+CLOCKSOURCE = "/sys/devices/system/clocksource/clocksource0/current_clocksource"
+
+
 def meta(args):
     fio = run(["fio", "--version"], check=False).stdout.strip()
     cpu = None
@@ -1647,7 +1665,8 @@ def meta(args):
             "accel": guest_accel(args.results), "fio": fio,
             "git": git_version(), "hybd_ko_sha256": file_sha256(KMOD),
             "argv": sys.argv[1:], "cmdline": read_text("/proc/cmdline"),
-            "loadavg_before": read_text("/proc/loadavg")}
+            "loadavg_before": read_text("/proc/loadavg"),
+            "clocksource_before": read_text(CLOCKSOURCE)}
 
 
 def git_version():
@@ -1708,6 +1727,10 @@ def parse_args():
                     help="with --trace: instead, the kernel's time in these "
                          "functions and their callees at QD32 "
                          "(tools/reqtrace.py --graph)")
+    ap.add_argument("--profile", action="store_true",
+                    help="measure nothing: profile each line's QD32 4 KiB "
+                         "reads with perf (tools/reqtrace.py profile: each "
+                         "function's and task's CPU time per request)")
     ap.add_argument("--trace", action="store_true",
                     help="measure nothing: trace each line at QD1 and QD32 "
                          "(4 KiB) and QD1 128 KiB "
@@ -1731,6 +1754,8 @@ def parse_args():
     if args.ramdisk_size < 2 * args.region:
         ap.error("--ramdisk-size must hold twice --region (the reads' region, "
                  "then the writes')")
+    # a profile replaces the trace: it too measures nothing
+    args.trace = args.trace or args.profile
     args.lines = [k for k in args.only if k not in args.skip]
     if not args.lines:
         ap.error("no line left to run")
@@ -1743,7 +1768,8 @@ def parse_args():
 
 def document(lines, args, info, t0):
     """bench.json: how it ran, every round of every line, the summary."""
-    info = dict(info, loadavg_after=read_text("/proc/loadavg"))
+    info = dict(info, loadavg_after=read_text("/proc/loadavg"),
+                clocksource_after=read_text(CLOCKSOURCE))
     doc = {"version": 2, "meta": info,
            "config": {"bs": BS, "region": args.region,
                       "samples": args.samples, "runtime_s": args.runtime,
@@ -1850,6 +1876,25 @@ def trace_lines(lines, args, info):
         os.environ["HYBD_TRACE_RAW"] = str(raw)
     out = {"meta": info, "lines": {}}
     status = 0
+    if args.profile:
+        for line in lines.values():
+            if not line.dev:
+                continue
+            try:
+                res = reqtrace.profile(line.dev, QD32)
+            except (OSError, RuntimeError, ValueError,
+                    subprocess.SubprocessError) as e:
+                say(f"profile {line.key}: {e}")
+                status = 1
+                continue
+            out["lines"][line.key] = {"label": line.label, "profile": res}
+            print(f"\n{line.key}: QD32, {res['iops']} IOPS, "
+                  f"{res['us_per_io']} us of {res['cpus']} CPUs per I/O; "
+                  "per I/O, us:")
+            for r in res["top"]:
+                print(f"  {r['us']:>7}  {r['comm']:<18} {r['sym']}")
+        say(f"profiles: {save_trace(out, args)}")
+        return status
     if args.graph:
         for line in lines.values():
             if not line.dev:

@@ -40,9 +40,12 @@ import argparse
 import json
 import os
 import re
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -489,6 +492,58 @@ def graph(dev, funcs, qd=32, seconds=1, bs=4096, depth=3):
     return {"ios": ios, "per_io": {k: {"calls": round(calls[k] / ios, 2),
                                        "us": round(spent[k] / ios, 2)}
                                    for k in order}}
+
+
+PERF_ROW_RE = re.compile(r"^\s*(\d+\.\d+)%\s+(\S+)\s+\S+\s+\[[.kgu]\]\s+"
+                         r"(\S.*?)\s*$")
+
+
+def profile(dev, qd=32, seconds=2, bs=4096, top=40):
+    """Where the CPUs' time goes while fio reads @dev (perf, cpu-clock,
+    every CPU): per completed request, the microseconds of each function
+    (its own, not its callees') and task, the heaviest @top.  The time
+    of CPUs left idle is the idle task's."""
+    if not shutil.which("perf"):
+        raise RuntimeError("perf is not installed (linux-perf)")
+    with tempfile.TemporaryDirectory() as tmp:
+        data = os.path.join(tmp, "perf.data")
+        # perf takes seconds to start under TCG: fio runs until it is
+        # done (its IOPS are the whole run's: a steady state)
+        fio = subprocess.Popen(fio_cmd(dev, qd, 120, bs),
+                               stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL, text=True)
+        try:
+            time.sleep(1)
+            subprocess.run(["perf", "record", "-q", "-a", "-e", "cpu-clock",
+                            "-F", "2000", "-o", data, "--", "sleep",
+                            str(seconds)], check=True,
+                           stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+        finally:
+            fio.send_signal(signal.SIGINT)
+        out, _ = fio.communicate(timeout=120)
+        # stopped by SIGINT, fio still reports (and exits 128)
+        if "{" not in out:
+            raise RuntimeError(f"fio exited {fio.returncode}, no report")
+        job = json.loads(out[out.index("{"):])["jobs"][0]
+        iops = job["read"]["iops"]
+        rep = subprocess.run(["perf", "report", "-i", data, "--stdio",
+                              "--no-children", "--sort", "comm,dso,sym",
+                              "--percent-limit", "0.3"],
+                             capture_output=True, text=True, check=True)
+    cpus = os.cpu_count()
+    # every CPU's time, per request
+    total_us = cpus * 1e6 / iops if iops else 0
+    rows = []
+    for ln in rep.stdout.splitlines():
+        m = PERF_ROW_RE.match(ln)
+        if not m:
+            continue
+        pct, comm, sym = float(m.group(1)), m.group(2), m.group(3)
+        rows.append({"comm": comm, "sym": sym,
+                     "us": round(pct / 100 * total_us, 2)})
+    return {"qd": qd, "bs": bs, "iops": round(iops), "cpus": cpus,
+            "us_per_io": round(total_us, 1), "top": rows[:top]}
 
 
 def trace(dev, qd=1, seconds=1, bs=4096):
