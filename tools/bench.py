@@ -1891,6 +1891,8 @@ def trace_lines(lines, args, info):
             print(f"\n{line.key}: QD32, {res['iops']} IOPS, "
                   f"{res['us_per_io']} us of {res['cpus']} CPUs per I/O; "
                   "per I/O, us:")
+            print("  by task: " + ", ".join(f"{k} {v}" for k, v in
+                                            res["tasks"].items() if v >= 0.1))
             for r in res["top"]:
                 print(f"  {r['us']:>7}  {r['comm']:<18} {r['sym']}")
         say(f"profiles: {save_trace(out, args)}")

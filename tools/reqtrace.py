@@ -529,21 +529,27 @@ def profile(dev, qd=32, seconds=2, bs=4096, top=40):
         iops = job["read"]["iops"]
         rep = subprocess.run(["perf", "report", "-i", data, "--stdio",
                               "--no-children", "--sort", "comm,dso,sym",
-                              "--percent-limit", "0.3"],
+                              "--percent-limit", "0.01"],
                              capture_output=True, text=True, check=True)
     cpus = os.cpu_count()
     # every CPU's time, per request
     total_us = cpus * 1e6 / iops if iops else 0
-    rows = []
+    rows, tasks = [], {}
     for ln in rep.stdout.splitlines():
         m = PERF_ROW_RE.match(ln)
         if not m:
             continue
         pct, comm, sym = float(m.group(1)), m.group(2), m.group(3)
-        rows.append({"comm": comm, "sym": sym,
-                     "us": round(pct / 100 * total_us, 2)})
+        us = pct / 100 * total_us
+        rows.append({"comm": comm, "sym": sym, "us": round(us, 2)})
+        # kworker/1:2-hybd_remap and kworker/1:1-hybd_remap: one kind
+        kind = re.sub(r"\d+", "N", comm)
+        tasks[kind] = tasks.get(kind, 0.0) + us
     return {"qd": qd, "bs": bs, "iops": round(iops), "cpus": cpus,
-            "us_per_io": round(total_us, 1), "top": rows[:top]}
+            "us_per_io": round(total_us, 1),
+            "tasks": {k: round(v, 1) for k, v in
+                      sorted(tasks.items(), key=lambda kv: -kv[1])},
+            "top": rows[:top]}
 
 
 def trace(dev, qd=1, seconds=1, bs=4096):

@@ -367,6 +367,13 @@ static struct nbd_handle *new_handle(struct nq *nq)
 	nbd_set_handle_name(h, name);
 	/* the URI is the operator's: its ?tls-psk-file= & co. may be read */
 	nbd_set_uri_allow_local_file(h, true);
+	/*
+	 * libnbd zeroes a read's buffer before the read by default, in case
+	 * a caller used it after a failed read: 8 us of the workers' 105 per
+	 * 4 KiB read under TCG (perf).  A failed read fails its request here,
+	 * and its buffer (the tag's, the device's own data) is not returned.
+	 */
+	nbd_set_pread_initialize(h, false);
 	/* a queue's connection: simple replies unless asked (see Replies) */
 	if (nq && !nq->nx->structured &&
 	    nbd_set_request_structured_replies(h, false) < 0) {
