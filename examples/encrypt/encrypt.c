@@ -397,11 +397,13 @@ static int par_for(const struct crypt *c, struct worker *w, uint32_t len,
 
 	if (len < PAR_MIN || !par.nr_threads)
 		return fn(c, w, arg, 0, len);
+	/* the job is sized and posted under one hold of the lock */
 	pthread_mutex_lock(&par.lock);
 	live = par.live;
-	pthread_mutex_unlock(&par.lock);
-	if (!live)
+	if (!live) {
+		pthread_mutex_unlock(&par.lock);
 		return fn(c, w, arg, 0, len);
+	}
 	/* two pieces for each thread that may take part */
 	piece = len / (2 * (live + 1));
 	if (piece < PAR_PIECE_MIN)
@@ -409,9 +411,7 @@ static int par_for(const struct crypt *c, struct worker *w, uint32_t len,
 	piece = (piece + c->sector_size - 1) & ~(c->sector_size - 1);
 	j.piece = piece;
 	j.nr = (len + piece - 1) / piece;
-
 	pthread_cond_init(&j.done, NULL);
-	pthread_mutex_lock(&par.lock);
 	j.next = par.jobs;
 	par.jobs = &j;
 	pthread_cond_broadcast(&par.work);
