@@ -1511,11 +1511,12 @@ def print_report(doc, out=sys.stdout):
                                    ).rstrip(), file=out)
         print(f"  ({note})", file=out)
     m = doc["meta"]
-    if m.get("clocksource_after", m.get("clocksource_before")) != \
-            m.get("clocksource_before") or \
-            m.get("clocksource_before") not in (None, "tsc"):
-        print(f"\nWARNING: the guest's clock was {m.get('clocksource_before')}"
-              f" at the start and {m.get('clocksource_after')} at the end: "
+    # (None, None): a bench.json from before the clock was recorded
+    clock = (m.get("clocksource_before"),
+             m.get("clocksource_after", m.get("clocksource_before")))
+    if clock not in ((None, None), ("tsc", "tsc")):
+        print(f"\nWARNING: the guest's clock was {clock[0]}"
+              f" at the start and {clock[1]} at the end: "
               "rounds after a switch from the TSC are slowed by every clock "
               "read (dmesg.txt says when); measure again", file=out)
     print("\ntargets:", file=out)
