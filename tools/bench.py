@@ -1535,6 +1535,15 @@ def print_report(doc, out=sys.stdout):
     print(file=out)
 
 
+def copy_note(m):
+    """What the vCPU's string copies were (tools/vm-run, ERMS)."""
+    flags = m.get("cpu_copy_flags")
+    if flags is None:
+        return ""  # a bench.json from before they were recorded
+    return (", vCPU with " + " and ".join(f.upper() for f in flags)
+            if flags else ", vCPU without ERMS or FSRM")
+
+
 def markdown(doc):
     """The report as Markdown, for the docs: every table, and how it was
     measured."""
@@ -1546,8 +1555,8 @@ def markdown(doc):
                                         "earlyprintk=", "nr_open=")))
     out = [f"Measured with `make bench` on {m.get('git') or '?'}, "
            f"{m.get('date', '?')}: {m.get('kernel')}, {m.get('cpus')} vCPUs, "
-           f"{m.get('accel') or '?'}; guest kernel options (besides "
-           f"virtme-ng's) `{own}`; "
+           f"{m.get('accel') or '?'}{copy_note(m)}; guest kernel options "
+           f"(besides virtme-ng's) `{own}`; "
            f"{cfg['samples']} interleaved rounds of {cfg['runtime_s']} s; "
            f"host load before/after "
            f"{host.get('before', {}).get('loadavg', '?')} / "
@@ -1647,12 +1656,13 @@ CLOCKSOURCE = "/sys/devices/system/clocksource/clocksource0/current_clocksource"
 
 def meta(args):
     fio = run(["fio", "--version"], check=False).stdout.strip()
-    cpu = None
+    cpu, flags = None, None
     try:
         for ln in Path("/proc/cpuinfo").read_text().splitlines():
-            if ln.startswith("model name"):
+            if ln.startswith("model name") and cpu is None:
                 cpu = ln.split(":", 1)[1].strip()
-                break
+            if ln.startswith("flags") and flags is None:
+                flags = ln.split(":", 1)[1].split()
     except OSError:
         pass
     mem = None
@@ -1663,6 +1673,9 @@ def meta(args):
     return {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "kernel": platform.release(), "cpus": os.cpu_count(),
             "cpu_model": cpu, "mem_mib": mem,
+            # the string copies the vCPU has (tools/vm-run: not ERMS)
+            "cpu_copy_flags": [f for f in ("erms", "fsrm")
+                               if flags and f in flags],
             "accel": guest_accel(args.results), "fio": fio,
             "git": git_version(), "hybd_ko_sha256": file_sha256(KMOD),
             "argv": sys.argv[1:], "cmdline": read_text("/proc/cmdline"),
