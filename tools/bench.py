@@ -1519,6 +1519,11 @@ def print_report(doc, out=sys.stdout):
               f" at the start and {clock[1]} at the end: "
               "rounds after a switch from the TSC are slowed by every clock "
               "read (dmesg.txt says when); measure again", file=out)
+    if "erms" in (m.get("cpu_copy_flags") or []) and m.get("accel") == "tcg":
+        print("\nWARNING: the vCPU has ERMS: under TCG every copy to or from "
+              "user space (a slow path's) costs ~4x what the kernel's own "
+              "copies do (tools/vm-run boots -cpu max,-erms unless "
+              "HYBD_VM_CPU says otherwise)", file=out)
     print("\ntargets:", file=out)
     for t in doc["targets"]:
         if t["verdict"] == "not run":
