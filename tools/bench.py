@@ -71,6 +71,9 @@ interleaved round-robin, and reports medians, per-round ranges and ratios:
   enccache     the same with --cache (encrypt-cache.bpf.o), warm
   ddslow       examples/dedup over a store file, --no-fast-path, same mix
   ddslow1      the same with 1 queue
+  ddslowt0     ddslow with --threads 0: no handler pool, the queue's
+               worker runs every handler (what the pool's handoff costs)
+  ddslow1t0    the same with 1 queue
   ddfast       the same with its fast path (dedup.bpf.o), warm: holes
                from its exact map, the rest from its cache
   ddmslow      examples/dedup, --no-fast-path, over mapped blocks only
@@ -254,6 +257,12 @@ LINES = {
     "ddslow1": ("dedup, no fast path, 1 queue",
                 dict(prog=None, data="mix", poll_ns=0, fast=False,
                      server="dedup", queues=1)),
+    "ddslowt0": ("dedup, no fast path, no pool",
+                 dict(prog=None, data="mix", poll_ns=0, fast=False,
+                      server="dedup", flags=["--threads", "0"])),
+    "ddslow1t0": ("dedup, no fast path, 1 queue, no pool",
+                  dict(prog=None, data="mix", poll_ns=0, fast=False,
+                       server="dedup", queues=1, flags=["--threads", "0"])),
     "ddfast": ("dedup + fast path",
                dict(prog=None, data="mix", poll_ns=0, fast=True,
                     server="dedup")),
@@ -321,7 +330,8 @@ COMPARISONS = (
       ("encslow1", "dmcrypt"), ("dmcryptnw", "dmcrypt"),
       ("encfast", "dmcrypt"), ("enccache", "dmcrypt")]),
     ("dedup", "dedup against the kernel loop",
-     [("ddslow", "kloop"), ("ddslow1", "kloop"), ("ddfast", "kloop"),
+     [("ddslow", "kloop"), ("ddslow1", "kloop"), ("ddslowt0", "kloop"),
+      ("ddslow1t0", "kloop"), ("ddfast", "kloop"),
       ("ddmslow", "kloop"),
       ("ddremap", "kloop"), ("ddremap", "ddmslow"), ("ddbig", "kloop"),
       ("ddbig", "ddremap")]),
@@ -1041,8 +1051,8 @@ def setup_hybd(line, ctx):
         obj = spec.get("bpf", "dedup.bpf.o")
         fast = (["--bpf", str(DEDUP.parent / obj)] if spec["fast"]
                 else ["--no-fast-path"])
-        server = Ramdisk(["serve", *fast, *queue_args(spec), store],
-                         exe=DEDUP)
+        server = Ramdisk(["serve", *fast, *queue_args(spec),
+                          *spec.get("flags", []), store], exe=DEDUP)
     else:
         args += ["--size", str(ctx.args.ramdisk_size)]
         if spec.get("server") == "null":
