@@ -696,32 +696,91 @@ static void stop_workers(struct hybd_dev *dev)
  * CPU the process may.  HYBD_CFG_QUEUE_AFFINITY keeps the placement before
  * 1.8: on the queue's own CPUs (else one CPU, round-robin).
  *
- * Returns false when the worker is best left unpinned.
+ * @own gets the queue's CPUs that the process may use (empty if the
+ * module does not say).  Returns false when the worker is best left
+ * unpinned.
  */
 static bool worker_cpus(struct hybd_dev *dev, unsigned int i,
-			const cpu_set_t *allowed, cpu_set_t *set)
+			const cpu_set_t *allowed, cpu_set_t *set,
+			cpu_set_t *own)
 {
 	unsigned int cpus[CPU_SETSIZE];
-	cpu_set_t own;
 	int n, k;
 
-	CPU_ZERO(&own);
+	CPU_ZERO(own);
 	n = dev->features & HYBD_F_QUEUE_CPUS ?
 	    hybd_queue_cpus(dev, i, cpus, CPU_SETSIZE) : 0;
 	for (k = 0; k < n && k < CPU_SETSIZE; k++) {
 		if (cpus[k] < CPU_SETSIZE && CPU_ISSET(cpus[k], allowed))
-			CPU_SET(cpus[k], &own);
+			CPU_SET(cpus[k], own);
 	}
 	if (dev->lib_flags & HYBD_CFG_QUEUE_AFFINITY) {
-		*set = own;
+		*set = *own;
 		if (!CPU_COUNT(set))
 			CPU_SET(nth_cpu(allowed, i), set);
 		return true;
 	}
 	if (n <= 0)
 		return false;	/* an old module: where does it submit? */
-	CPU_XOR(set, allowed, &own);	/* own is a subset of allowed */
+	CPU_XOR(set, allowed, own);	/* own is a subset of allowed */
 	return CPU_COUNT(set) > 0;
+}
+
+/*
+ * The one CPU where the worker of queue @i runs with its pool, out of
+ * @wide, where the worker could run: the first after the queue's own CPUs
+ * @own, going round, so that the queues' homes differ while there are
+ * CPUs enough; with nothing known of @own, or nothing beside it, the
+ * @i-th from the end.
+ *
+ * Why one CPU: the worker hands each request to a pool thread.  Free to
+ * run elsewhere, that thread wakes on an idle CPU (the worker's is busy
+ * handing over): an idle CPU's wakeup per request, which costs more than
+ * the handler itself when the data is in memory (a one-queue dedup had
+ * 2.6x the kernel loop's read latency under TCG, 1.2x so).  On the
+ * worker's CPU a handover is a switch between two threads.  The pool is
+ * there to overlap handlers that wait, not ones that compute.
+ */
+static int worker_home(const cpu_set_t *wide, const cpu_set_t *own,
+		       unsigned int i)
+{
+	int cpu, last = -1;
+
+	for (cpu = 0; cpu < CPU_SETSIZE; cpu++)
+		if (CPU_ISSET(cpu, own))
+			last = cpu;
+	if (last >= 0) {
+		for (cpu = last + 1; cpu < CPU_SETSIZE; cpu++)
+			if (CPU_ISSET(cpu, wide) && !CPU_ISSET(cpu, own))
+				return cpu;
+		for (cpu = 0; cpu < last; cpu++)
+			if (CPU_ISSET(cpu, wide) && !CPU_ISSET(cpu, own))
+				return cpu;
+	}
+	return nth_cpu(wide, CPU_COUNT(wide) - 1 - i % CPU_COUNT(wide));
+}
+
+/*
+ * Set @attr's CPUs for the worker of queue @i, which its pool's threads
+ * inherit: a worker with a pool runs on one CPU of those its placement
+ * allows (its home, worker_home()).
+ */
+static void place_worker(struct hybd_dev *dev, unsigned int i,
+			 const cpu_set_t *allowed, pthread_attr_t *attr)
+{
+	cpu_set_t set, own;
+	bool pinned = worker_cpus(dev, i, allowed, &set, &own);
+
+	if (dev->queue_threads > 1 &&
+	    !(dev->lib_flags & HYBD_CFG_QUEUE_AFFINITY)) {
+		int home = worker_home(pinned ? &set : allowed, &own, i);
+
+		CPU_ZERO(&set);
+		CPU_SET(home, &set);
+		pinned = true;
+	}
+	if (pinned)
+		pthread_attr_setaffinity_np(attr, sizeof(set), &set);
 }
 
 /* Wait until every started worker has run queue_init; its verdict. */
@@ -752,7 +811,7 @@ static int wait_queue_inits(struct hybd_dev *dev)
 
 static int start_workers(struct hybd_dev *dev)
 {
-	cpu_set_t allowed, set;
+	cpu_set_t allowed;
 	pthread_attr_t attr;
 	sigset_t all, old;
 	unsigned int i;
@@ -770,8 +829,8 @@ static int start_workers(struct hybd_dev *dev)
 		struct hybd_queue *q = &dev->queues[i];
 
 		pthread_attr_init(&attr);
-		if (pin && worker_cpus(dev, i, &allowed, &set))
-			pthread_attr_setaffinity_np(&attr, sizeof(set), &set);
+		if (pin)
+			place_worker(dev, i, &allowed, &attr);
 		q->init_state = 0;
 		pthread_mutex_lock(&dev->lock);
 		dev->nr_running++;

@@ -33,11 +33,12 @@
  *    handed to the kernel in one system call per batch.
  *  - a thread pool: hybd_config.queue_threads = N runs the handlers of each
  *    queue in N threads, so N blocking handlers can be in flight per queue.
- *    The pool's threads may run where the queue's worker may (beside the
- *    queue's submitters, often one CPU): they overlap handlers that wait,
- *    not ones that compute.  A driver whose handlers compute on large
- *    requests spreads that work itself, as examples/encrypt's crypto
- *    helpers do (threads of its own, not pinned).
+ *    A worker with a pool runs on one CPU with its pool's threads
+ *    (hybd_dev_start()), so that handing a request over wakes no other
+ *    CPU: the pool overlaps handlers that wait, not ones that compute.  A
+ *    driver whose handlers compute on large requests spreads that work
+ *    itself, as examples/encrypt's crypto helpers do (threads of its own,
+ *    not pinned).
  *
  * Compatibility.  struct hybd_driver and struct hybd_config may grow: the
  * hybd_dev_create() and hybd_run() macros pass the sizes the caller was
@@ -347,9 +348,14 @@ int hybd_run_sized(const struct hybd_config *cfg, size_t cfg_size,
  * shared those CPUs would take turns with its submitter, one request per
  * turn.  So each worker may run on every CPU the process may use except
  * its own queue's, and the scheduler picks an idle one; with one queue
- * (or nothing beside) it may run anywhere the process may.  Not pinned at
- * all with HYBD_CFG_NO_AFFINITY; on the queue's own CPUs with
- * HYBD_CFG_QUEUE_AFFINITY (the placement before 1.8).
+ * (or nothing beside) it may run anywhere the process may.  A worker with
+ * a pool (queue_threads > 1) is pinned, with its pool's threads, to one of
+ * those CPUs: the first after its queue's own, so that queues' workers
+ * differ; with nothing beside, the last CPU the process may use.  (A pool
+ * thread free to run elsewhere is woken on an idle CPU, an idle CPU's
+ * wakeup per request.)  Not pinned at all with HYBD_CFG_NO_AFFINITY; on
+ * the queue's own CPUs with HYBD_CFG_QUEUE_AFFINITY (the placement before
+ * 1.8), pool and all.
  *
  * RETURN VALUE: 0, or a negative errno (workers are stopped again):
  * -EALREADY if started before, what a queue_init hook returned.

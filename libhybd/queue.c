@@ -316,7 +316,11 @@ static void *pool_thread(void *arg)
 	struct hybd_queue *q = arg;
 	struct hybd_pool *p = q->pool;
 	struct hybd_io *io;
+	char name[16];
 
+	/* "hybd3-q1p": the worker is "hybd3-q1" */
+	snprintf(name, sizeof(name), "hybd%u-q%up", q->dev->id, q->id);
+	pthread_setname_np(pthread_self(), name);
 	pthread_mutex_lock(&p->lock);
 	for (;;) {
 		while (!p->head && !p->stop)
@@ -366,7 +370,10 @@ static void pool_stop(struct hybd_queue *q)
 	q->pool = NULL;
 }
 
-/* Start @n handler threads for @q (they inherit the worker's CPUs). */
+/*
+ * Start @n handler threads for @q.  They inherit the worker's CPU: one, if
+ * the library placed it (hybd_dev_start()).
+ */
 static int pool_start(struct hybd_queue *q, unsigned int n)
 {
 	struct hybd_pool *p = calloc(1, sizeof(*p));

@@ -200,6 +200,57 @@ def test_one_queue_worker_may_run_on_any_cpu(slowdrv):
     srv.stop()
 
 
+def pool_cpus(srv, name):
+    """{queue: [sorted CPUs of each of its pool threads (hybdN-qMp)]}."""
+    seen = {}
+    for tid in os.listdir(f"/proc/{srv.pid}/task"):
+        comm = Path(f"/proc/{srv.pid}/task/{tid}/comm").read_text().strip()
+        m = re.match(rf"{name}-q(\d+)p$", comm)
+        if not m:
+            continue
+        status = Path(f"/proc/{srv.pid}/task/{tid}/status").read_text()
+        allowed = re.search(r"^Cpus_allowed_list:\s*(\S+)$", status, re.M)
+        seen.setdefault(int(m.group(1)), []).append(
+            expand_cpu_list(allowed.group(1)))
+    return seen
+
+
+@pytest.mark.parametrize("queues", [1, 2])
+def test_a_worker_with_a_pool_runs_with_it_on_one_cpu(slowdrv, queues):
+    """A pool thread free to run on another CPU wakes an idle one for each
+    request; so a worker with a pool runs on one CPU with its threads: one
+    beside its queue's CPUs, not another queue's; a single queue's on the
+    last CPU.  --no-affinity still pins nothing."""
+    everything = sorted(os.sched_getaffinity(0))
+    if queues > len(everything):
+        pytest.skip("fewer CPUs than queues")
+    srv = slowdrv("--queues", str(queues), "--threads", "3")
+    name = os.path.basename(srv.dev)
+    workers, pools = worker_cpus(srv, name), pool_cpus(srv, name)
+    homes = set()
+    for q in range(queues):
+        own = expand_cpu_list(Path(f"/sys/block/{name}/mq/{q}/cpu_list")
+                              .read_text().strip())
+        assert len(workers[q]) == 1, workers
+        home = workers[q][0]
+        assert pools[q] == [[home]] * 3, (q, workers, pools)
+        if queues == 1:
+            assert home == everything[-1]
+        else:
+            assert home not in own, (q, home, own)
+        homes.add(home)
+    assert len(homes) == queues
+    srv.stop()
+
+    srv = slowdrv("--queues", str(queues), "--threads", "3",
+                  "--no-affinity")
+    name = os.path.basename(srv.dev)
+    pools = pool_cpus(srv, name)
+    assert worker_cpus(srv, name) == {q: everything for q in range(queues)}
+    assert pools == {q: [everything] * 3 for q in range(queues)}
+    srv.stop()
+
+
 def test_queue_cpus_after_the_device_is_deleted(slowdrv):
     """The server's node outlives its device: asking it for a queue's CPUs
     then must answer from what the device knew (blk-mq's map is gone)."""
