@@ -112,7 +112,7 @@ int hybd__config_to_params(const struct hybd_config *cfg_in,
 				 "device id %d: must be -1 (any) or between 0 and %u",
 				 cfg->dev_id, HYBD_MAX_DEVICES - 1);
 	if (cfg->lib_flags & ~(HYBD_CFG_NO_AFFINITY | HYBD_CFG_ATTACH |
-			       HYBD_CFG_QUEUE_AFFINITY))
+			       HYBD_CFG_QUEUE_AFFINITY | HYBD_CFG_POOL_SPREAD))
 		return hybd__err(-EINVAL, "library flags 0x%x: unknown bits",
 				 cfg->lib_flags);
 

@@ -697,8 +697,8 @@ static void stop_workers(struct hybd_dev *dev)
  * 1.8: on the queue's own CPUs (else one CPU, round-robin).
  *
  * @own gets the queue's CPUs that the process may use (empty if the
- * module does not say).  Returns false when the worker is best left
- * unpinned.
+ * module does not say).  Returns false when the worker alone is best left
+ * unpinned (place_worker() pins one with a pool all the same).
  */
 static bool worker_cpus(struct hybd_dev *dev, unsigned int i,
 			const cpu_set_t *allowed, cpu_set_t *set,
@@ -727,56 +727,65 @@ static bool worker_cpus(struct hybd_dev *dev, unsigned int i,
 }
 
 /*
- * The one CPU where the worker of queue @i runs with its pool, out of
- * @wide, where the worker could run: the first after the queue's own CPUs
- * @own, going round, so that the queues' homes differ while there are
- * CPUs enough; with nothing known of @own, or nothing beside it, the
- * @i-th from the end.
- *
- * Why one CPU: the worker hands each request to a pool thread.  Free to
- * run elsewhere, that thread wakes on an idle CPU (the worker's is busy
- * handing over): an idle CPU's wakeup per request, which costs more than
- * the handler itself when the data is in memory (a one-queue dedup had
- * 2.6x the kernel loop's read latency under TCG, 1.2x so).  On the
- * worker's CPU a handover is a switch between two threads.  The pool is
- * there to overlap handlers that wait, not ones that compute.
+ * The one CPU where a worker runs with its pool, out of @wide, where the
+ * worker alone could run (see hybd_dev_start()): the first beside its
+ * queue's own CPUs @own that no other queue took (@taken), counting up
+ * from them and going round; else the first beside them; with nothing
+ * beside, the @nth counting down from the last of @wide, untaken if any.
+ * @wide is not empty.
  */
 static int worker_home(const cpu_set_t *wide, const cpu_set_t *own,
-		       unsigned int i)
+		       const cpu_set_t *taken, unsigned int nth)
 {
-	int cpu, last = -1;
+	int cpu, k, pass, last = -1, count = CPU_COUNT(wide);
 
 	for (cpu = 0; cpu < CPU_SETSIZE; cpu++)
 		if (CPU_ISSET(cpu, own))
 			last = cpu;
-	if (last >= 0) {
-		for (cpu = last + 1; cpu < CPU_SETSIZE; cpu++)
-			if (CPU_ISSET(cpu, wide) && !CPU_ISSET(cpu, own))
+	for (pass = 0; pass < 2; pass++) {
+		for (k = 1; k <= CPU_SETSIZE; k++) {
+			cpu = (last + k) % CPU_SETSIZE;
+			if (CPU_ISSET(cpu, wide) && !CPU_ISSET(cpu, own) &&
+			    (pass || !CPU_ISSET(cpu, taken)))
 				return cpu;
-		for (cpu = 0; cpu < last; cpu++)
-			if (CPU_ISSET(cpu, wide) && !CPU_ISSET(cpu, own))
-				return cpu;
+		}
 	}
-	return nth_cpu(wide, CPU_COUNT(wide) - 1 - i % CPU_COUNT(wide));
+	for (k = 0; k < count; k++) {
+		cpu = nth_cpu(wide, count - 1 - (nth + k) % count);
+		if (!CPU_ISSET(cpu, taken))
+			return cpu;
+	}
+	return nth_cpu(wide, count - 1 - nth % count);
 }
 
 /*
  * Set @attr's CPUs for the worker of queue @i, which its pool's threads
- * inherit: a worker with a pool runs on one CPU of those its placement
- * allows (its home, worker_home()).
+ * inherit.  A worker with a pool runs on one CPU of those its placement
+ * allows (worker_home()), which is added to @taken.
+ *
+ * Why one CPU: the worker hands each request to a pool thread.  Free to
+ * run elsewhere, that thread wakes on an idle CPU (the worker's is busy
+ * handing over): an idle CPU's wakeup per request, which cost more than
+ * the handler itself with data in memory (a one-queue dedup had 2.6x the
+ * kernel loop's read latency under TCG with the pool spread, 1.2x on one
+ * CPU).  On the worker's CPU a handover is a switch between two threads.
  */
 static void place_worker(struct hybd_dev *dev, unsigned int i,
-			 const cpu_set_t *allowed, pthread_attr_t *attr)
+			 const cpu_set_t *allowed, cpu_set_t *taken,
+			 pthread_attr_t *attr)
 {
 	cpu_set_t set, own;
 	bool pinned = worker_cpus(dev, i, allowed, &set, &own);
+	int home;
 
 	if (dev->queue_threads > 1 &&
-	    !(dev->lib_flags & HYBD_CFG_QUEUE_AFFINITY)) {
-		int home = worker_home(pinned ? &set : allowed, &own, i);
-
+	    !(dev->lib_flags & (HYBD_CFG_QUEUE_AFFINITY |
+				HYBD_CFG_POOL_SPREAD))) {
+		home = worker_home(pinned ? &set : allowed, &own, taken,
+				   dev->id + i);
 		CPU_ZERO(&set);
 		CPU_SET(home, &set);
+		CPU_SET(home, taken);
 		pinned = true;
 	}
 	if (pinned)
@@ -811,7 +820,7 @@ static int wait_queue_inits(struct hybd_dev *dev)
 
 static int start_workers(struct hybd_dev *dev)
 {
-	cpu_set_t allowed;
+	cpu_set_t allowed, taken;
 	pthread_attr_t attr;
 	sigset_t all, old;
 	unsigned int i;
@@ -820,6 +829,7 @@ static int start_workers(struct hybd_dev *dev)
 	pin = !(dev->lib_flags & HYBD_CFG_NO_AFFINITY) &&
 	      !sched_getaffinity(0, sizeof(allowed), &allowed) &&
 	      CPU_COUNT(&allowed) > 0;
+	CPU_ZERO(&taken);
 
 	/* Workers never take signals: they belong to the application. */
 	sigfillset(&all);
@@ -830,7 +840,7 @@ static int start_workers(struct hybd_dev *dev)
 
 		pthread_attr_init(&attr);
 		if (pin)
-			place_worker(dev, i, &allowed, &attr);
+			place_worker(dev, i, &allowed, &taken, &attr);
 		q->init_state = 0;
 		pthread_mutex_lock(&dev->lock);
 		dev->nr_running++;

@@ -33,12 +33,12 @@
  *    handed to the kernel in one system call per batch.
  *  - a thread pool: hybd_config.queue_threads = N runs the handlers of each
  *    queue in N threads, so N blocking handlers can be in flight per queue.
- *    A worker with a pool runs on one CPU with its pool's threads
- *    (hybd_dev_start()), so that handing a request over wakes no other
- *    CPU: the pool overlaps handlers that wait, not ones that compute.  A
- *    driver whose handlers compute on large requests spreads that work
- *    itself, as examples/encrypt's crypto helpers do (threads of its own,
- *    not pinned).
+ *    By default a worker with a pool runs on one CPU with the pool's
+ *    threads (hybd_dev_start()), so that handing a request over wakes no
+ *    other CPU: the pool overlaps handlers that wait, not ones that
+ *    compute.  A driver whose handlers compute on large requests spreads
+ *    that work itself, as examples/encrypt's crypto helpers do (threads of
+ *    its own, not pinned), or sets HYBD_CFG_POOL_SPREAD.
  *
  * Compatibility.  struct hybd_driver and struct hybd_config may grow: the
  * hybd_dev_create() and hybd_run() macros pass the sizes the caller was
@@ -63,7 +63,7 @@ extern "C" {
 #include <stddef.h>
 
 #define HYBD_LIB_VERSION_MAJOR	1
-#define HYBD_LIB_VERSION_MINOR	11
+#define HYBD_LIB_VERSION_MINOR	12
 /* what hybd_lib_version() returns for a given version */
 #define HYBD_LIB_VERSION(major, minor)	(((major) << 16) | (minor))
 
@@ -101,6 +101,13 @@ unsigned int hybd_lib_version(void);
  * submitters leave those CPUs idle between requests.
  */
 #define HYBD_CFG_QUEUE_AFFINITY	(1U << 2)
+/*
+ * Since 1.12: a worker with a pool and the pool's threads run where the
+ * worker alone would (beside the queue's CPUs, the placement before 1.12),
+ * not on one CPU of those (see hybd_dev_start()).  For pools whose
+ * handlers compute more than they wait.
+ */
+#define HYBD_CFG_POOL_SPREAD	(1U << 3)
 
 /*
  * Device parameters.  Always start from hybd_config_init(); the kernel checks
@@ -348,14 +355,22 @@ int hybd_run_sized(const struct hybd_config *cfg, size_t cfg_size,
  * shared those CPUs would take turns with its submitter, one request per
  * turn.  So each worker may run on every CPU the process may use except
  * its own queue's, and the scheduler picks an idle one; with one queue
- * (or nothing beside) it may run anywhere the process may.  A worker with
- * a pool (queue_threads > 1) is pinned, with its pool's threads, to one of
- * those CPUs: the first after its queue's own, so that queues' workers
- * differ; with nothing beside, the last CPU the process may use.  (A pool
- * thread free to run elsewhere is woken on an idle CPU, an idle CPU's
- * wakeup per request.)  Not pinned at all with HYBD_CFG_NO_AFFINITY; on
- * the queue's own CPUs with HYBD_CFG_QUEUE_AFFINITY (the placement before
- * 1.8), pool and all.
+ * (or nothing beside) it may run anywhere the process may.
+ *
+ * Since 1.12 a worker with a pool (queue_threads > 1) runs on one of those
+ * CPUs, its home, with the pool's threads: a pool thread free to run
+ * elsewhere is woken on an idle CPU, an idle CPU's wakeup per request.
+ * The home is the first CPU beside the queue's own, counting up from them
+ * and going round, that no other queue of the device has taken (if any is
+ * left); with nothing beside, one counting down from the last CPU the
+ * process may use, by device id and queue.  Threads that a queue_init hook
+ * or a handler starts inherit the home: pin them elsewhere if they
+ * compute.  The cost: the pool's handlers share one CPU, and a submitter
+ * the scheduler leaves on that CPU takes turns with them;
+ * HYBD_CFG_POOL_SPREAD gives pools the worker's placement without one.
+ *
+ * Not pinned at all with HYBD_CFG_NO_AFFINITY; on the queue's own CPUs
+ * with HYBD_CFG_QUEUE_AFFINITY (the placement before 1.8), pool and all.
  *
  * RETURN VALUE: 0, or a negative errno (workers are stopped again):
  * -EALREADY if started before, what a queue_init hook returned.

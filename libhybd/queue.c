@@ -316,11 +316,7 @@ static void *pool_thread(void *arg)
 	struct hybd_queue *q = arg;
 	struct hybd_pool *p = q->pool;
 	struct hybd_io *io;
-	char name[16];
 
-	/* "hybd3-q1p": the worker is "hybd3-q1" */
-	snprintf(name, sizeof(name), "hybd%u-q%up", q->dev->id, q->id);
-	pthread_setname_np(pthread_self(), name);
 	pthread_mutex_lock(&p->lock);
 	for (;;) {
 		while (!p->head && !p->stop)
@@ -377,7 +373,11 @@ static void pool_stop(struct hybd_queue *q)
 static int pool_start(struct hybd_queue *q, unsigned int n)
 {
 	struct hybd_pool *p = calloc(1, sizeof(*p));
+	char name[16];
 	int ret;
+
+	_Static_assert(HYBD_MAX_DEVICES <= 1000 && HYBD_MAX_QUEUES <= 1000,
+		       "\"hybdNNN-qNNNp\" must fit a thread's 16-byte name");
 
 	if (!p || !(p->threads = calloc(n, sizeof(*p->threads)))) {
 		free(p);
@@ -388,6 +388,8 @@ static int pool_start(struct hybd_queue *q, unsigned int n)
 	pthread_cond_init(&p->cond, NULL);
 	p->tailp = &p->head;
 	q->pool = p;
+	/* "hybd3-q1p": the worker is "hybd3-q1" (the limits keep both whole) */
+	snprintf(name, sizeof(name), "hybd%u-q%up", q->dev->id, q->id);
 	for (; p->nr_threads < n; p->nr_threads++) {
 		ret = pthread_create(&p->threads[p->nr_threads], NULL,
 				     pool_thread, q);
@@ -397,6 +399,7 @@ static int pool_start(struct hybd_queue *q, unsigned int n)
 					 "queue %u: cannot start handler thread %u",
 					 q->id, p->nr_threads);
 		}
+		pthread_setname_np(p->threads[p->nr_threads], name);
 	}
 	return 0;
 }

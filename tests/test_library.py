@@ -218,37 +218,43 @@ def pool_cpus(srv, name):
 @pytest.mark.parametrize("queues", [1, 2])
 def test_a_worker_with_a_pool_runs_with_it_on_one_cpu(slowdrv, queues):
     """A pool thread free to run on another CPU wakes an idle one for each
-    request; so a worker with a pool runs on one CPU with its threads: one
-    beside its queue's CPUs, not another queue's; a single queue's on the
-    last CPU.  --no-affinity still pins nothing."""
+    request; so a worker with a pool runs on one CPU (its home) with its
+    threads: beside its queue's CPUs, each queue's its own; a single
+    queue's counting down from the last CPU by device id.  With
+    --pool-spread (HYBD_CFG_POOL_SPREAD) the pool runs where the worker
+    alone would, with --no-affinity anywhere."""
     everything = sorted(os.sched_getaffinity(0))
     if queues > len(everything):
         pytest.skip("fewer CPUs than queues")
     srv = slowdrv("--queues", str(queues), "--threads", "3")
     name = os.path.basename(srv.dev)
     workers, pools = worker_cpus(srv, name), pool_cpus(srv, name)
-    homes = set()
+    homes, owns = set(), {}
     for q in range(queues):
-        own = expand_cpu_list(Path(f"/sys/block/{name}/mq/{q}/cpu_list")
-                              .read_text().strip())
+        owns[q] = expand_cpu_list(Path(f"/sys/block/{name}/mq/{q}/cpu_list")
+                                  .read_text().strip())
         assert len(workers[q]) == 1, workers
         home = workers[q][0]
         assert pools[q] == [[home]] * 3, (q, workers, pools)
         if queues == 1:
-            assert home == everything[-1]
+            dev_id = int(name[len("hybd"):])
+            assert home == everything[-1 - dev_id % len(everything)]
         else:
-            assert home not in own, (q, home, own)
+            assert home not in owns[q], (q, home, owns)
         homes.add(home)
     assert len(homes) == queues
     srv.stop()
 
-    srv = slowdrv("--queues", str(queues), "--threads", "3",
-                  "--no-affinity")
-    name = os.path.basename(srv.dev)
-    pools = pool_cpus(srv, name)
-    assert worker_cpus(srv, name) == {q: everything for q in range(queues)}
-    assert pools == {q: [everything] * 3 for q in range(queues)}
-    srv.stop()
+    for flag in ("--pool-spread", "--no-affinity"):
+        srv = slowdrv("--queues", str(queues), "--threads", "3", flag)
+        name = os.path.basename(srv.dev)
+        want = {q: ([c for c in everything if c not in owns[q]] or everything)
+                   if flag == "--pool-spread" else everything
+                for q in range(queues)}
+        assert worker_cpus(srv, name) == want, flag
+        assert pool_cpus(srv, name) == {q: [want[q]] * 3
+                                        for q in range(queues)}, flag
+        srv.stop()
 
 
 def test_queue_cpus_after_the_device_is_deleted(slowdrv):

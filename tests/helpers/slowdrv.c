@@ -6,7 +6,7 @@
  *
  *   slowdrv [--size BYTES] [--queues N] [--threads N] [--delay-ms N]
  *           [--idle-batch] [--recovery SECONDS] [--attach --id N]
- *           [--queue-affinity | --no-affinity]
+ *           [--queue-affinity | --no-affinity | --pool-spread]
  *   slowdrv --after-delete
  *
  * Prints "ready /dev/hybdN", "config id=N size=... queues=... depth=...
@@ -26,7 +26,8 @@
  * --recovery and --attach --id N: as hybd-loop's (a new slowdrv starts
  * with zeroed memory: for tests that read only).
  *
- * --queue-affinity, --no-affinity: HYBD_CFG_QUEUE_AFFINITY, _NO_AFFINITY.
+ * --queue-affinity, --no-affinity, --pool-spread: HYBD_CFG_QUEUE_AFFINITY,
+ * _NO_AFFINITY, _POOL_SPREAD.
  *
  * --after-delete: create and start with the explicit calls, delete the
  * device from outside (hybd_ctl_del), wait for the workers, and only then
@@ -234,6 +235,7 @@ int main(int argc, char **argv)
 		{ "id", required_argument, NULL, 'i' },
 		{ "queue-affinity", no_argument, NULL, 'Q' },
 		{ "no-affinity", no_argument, NULL, 'N' },
+		{ "pool-spread", no_argument, NULL, 'P' },
 		{ NULL, 0, NULL, 0 },
 	};
 	struct slow s = { 0 };
@@ -255,6 +257,7 @@ int main(int argc, char **argv)
 		case 'i': cfg.dev_id = atoi(optarg); break;
 		case 'Q': cfg.lib_flags |= HYBD_CFG_QUEUE_AFFINITY; break;
 		case 'N': cfg.lib_flags |= HYBD_CFG_NO_AFFINITY; break;
+		case 'P': cfg.lib_flags |= HYBD_CFG_POOL_SPREAD; break;
 		default: return 2;
 		}
 	}
