@@ -142,18 +142,31 @@ def test_blocking_handlers_in_flight_per_queue(slowdrv, threads, want):
 
 # ------------------------------------------------------------ worker placing
 
-def worker_cpus(srv, name):
-    """{queue: sorted CPUs its worker thread (hybdN-qM) may run on}."""
+def thread_cpus(srv, pattern):
+    """{queue: [sorted CPUs of each thread whose name is @pattern, a regex
+    whose group 1 is the queue]}."""
     seen = {}
     for tid in os.listdir(f"/proc/{srv.pid}/task"):
         comm = Path(f"/proc/{srv.pid}/task/{tid}/comm").read_text().strip()
-        m = re.match(rf"{name}-q(\d+)$", comm)
+        m = re.fullmatch(pattern, comm)
         if not m:
             continue
         status = Path(f"/proc/{srv.pid}/task/{tid}/status").read_text()
         allowed = re.search(r"^Cpus_allowed_list:\s*(\S+)$", status, re.M)
-        seen[int(m.group(1))] = expand_cpu_list(allowed.group(1))
+        seen.setdefault(int(m.group(1)), []).append(
+            expand_cpu_list(allowed.group(1)))
     return seen
+
+
+def worker_cpus(srv, name):
+    """{queue: sorted CPUs its worker thread (hybdN-qM) may run on}."""
+    return {q: cpus[0]
+            for q, cpus in thread_cpus(srv, rf"{name}-q(\d+)").items()}
+
+
+def pool_cpus(srv, name):
+    """{queue: [sorted CPUs of each of its pool threads (hybdN-qMp)]}."""
+    return thread_cpus(srv, rf"{name}-q(\d+)p")
 
 
 @pytest.mark.parametrize("placement", ["beside", "queue-affinity",
@@ -198,21 +211,6 @@ def test_one_queue_worker_may_run_on_any_cpu(slowdrv):
     name = os.path.basename(srv.dev)
     assert worker_cpus(srv, name) == {0: sorted(os.sched_getaffinity(srv.pid))}
     srv.stop()
-
-
-def pool_cpus(srv, name):
-    """{queue: [sorted CPUs of each of its pool threads (hybdN-qMp)]}."""
-    seen = {}
-    for tid in os.listdir(f"/proc/{srv.pid}/task"):
-        comm = Path(f"/proc/{srv.pid}/task/{tid}/comm").read_text().strip()
-        m = re.match(rf"{name}-q(\d+)p$", comm)
-        if not m:
-            continue
-        status = Path(f"/proc/{srv.pid}/task/{tid}/status").read_text()
-        allowed = re.search(r"^Cpus_allowed_list:\s*(\S+)$", status, re.M)
-        seen.setdefault(int(m.group(1)), []).append(
-            expand_cpu_list(allowed.group(1)))
-    return seen
 
 
 @pytest.mark.parametrize("queues", [1, 2])
