@@ -69,7 +69,8 @@ static long hybd_ctl_features(void __user *arg)
 		     HYBD_F_QUEUE_CPUS | HYBD_F_MEM_INFO | HYBD_F_RECOVERY |
 		     HYBD_F_BACKING | HYBD_F_RESIZE | HYBD_F_UNPRIVILEGED;
 	if (hybd_bpf_ready)
-		f.features |= HYBD_F_BPF | HYBD_F_PASS_ZEROES | HYBD_F_REMAP;
+		f.features |= HYBD_F_BPF | HYBD_F_PASS_ZEROES | HYBD_F_REMAP |
+			      HYBD_F_REMAP_POLL;
 	return hybd_copy_out(arg, &f, sizeof(f));
 }
 

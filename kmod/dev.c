@@ -37,7 +37,8 @@ static void hybd_dev_free(struct kref *ref)
 	/*
 	 * The tails of the last remap works (the requests are all over).
 	 * The local work is the one that queues the others (a burst's
-	 * followers): it goes first.
+	 * followers): it goes first.  A batch work queues one only for a
+	 * list that is not empty, which no request is left to fill.
 	 */
 	if (dev->remap_local_wq)
 		destroy_workqueue(dev->remap_local_wq);

@@ -156,6 +156,7 @@ struct hybd_queue_stats {
 	u64 timed_out;
 	u64 held, reissued;
 	u64 remapped, remap_refused, remap_waited, remap_direct;
+	u64 remap_runs, remap_polled;
 	u64 fast_lat[HYBD_LAT_BUCKETS];
 	u64 slow_lat[HYBD_LAT_BUCKETS];
 };
@@ -217,9 +218,13 @@ struct hybd_queue {
 	 * @beside_cpu, a CPU of an idle queue) or @remap_work (unbound),
 	 * which start the batch they find one after another, without waiting
 	 * where the target can say so: one worker's wakeup for a whole batch.
+	 * While @remap_batching counts a batch work, which will look at the
+	 * list again before it ends, a request joins the list and nothing
+	 * more: no work to queue, no worker to wake.
 	 */
 	struct llist_head	remap_list;
 	atomic_t		remaps;		/* reads, writes in flight */
+	atomic_t		remap_batching;
 	struct work_struct	remap_work;
 	struct work_struct	remap_local_work;
 	struct work_struct	remap_beside_work;

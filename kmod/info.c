@@ -47,6 +47,8 @@ void hybd_queue_stat_add(struct hybd_queue *q, struct hybd_queue_stat *dst)
 		s->remap_refused += qs->remap_refused;
 		s->remap_waited += qs->remap_waited;
 		s->remap_direct += qs->remap_direct;
+		s->remap_runs += qs->remap_runs;
+		s->remap_polled += qs->remap_polled;
 		for (i = 0; i < HYBD_LAT_BUCKETS; i++) {
 			dst->fast_lat[i] += qs->fast_lat[i];
 			dst->slow_lat[i] += qs->slow_lat[i];

@@ -132,7 +132,8 @@ static struct hybd_user *hybd_user_find(kuid_t uid)
  * issued it: udev, a mount) for ever.
  *
  * Return: 0, or -EPERM (no CAP_SYS_ADMIN and not HYBD_DEV_F_UNPRIVILEGED,
- * or a timeout beyond the limit: *@err names it).
+ * HYBD_DEV_F_REMAP_POLL on an unprivileged device, or a timeout beyond
+ * the limit: *@err names it).
  */
 int hybd_owner_check(struct hybd_params *p, u32 *err)
 {
@@ -142,6 +143,11 @@ int hybd_owner_check(struct hybd_params *p, u32 *err)
 	if (!(b->flags & HYBD_DEV_F_UNPRIVILEGED)) {
 		if (capable(CAP_SYS_ADMIN))
 			return 0;
+		*err = HYBD_PERR_FLAGS;
+		return -EPERM;
+	}
+	/* kernel threads' CPU, which no limit of the owner's would bound */
+	if (b->flags & HYBD_DEV_F_REMAP_POLL) {
 		*err = HYBD_PERR_FLAGS;
 		return -EPERM;
 	}

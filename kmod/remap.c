@@ -29,6 +29,7 @@
 #include <linux/sched.h>
 #include <linux/sched/isolation.h>
 #include <linux/sched/mm.h>
+#include <linux/sched/stat.h>
 #include <linux/slab.h>
 #include <linux/uio.h>
 
@@ -613,6 +614,18 @@ static void hybd_remap_kick(struct hybd_queue *q)
 }
 
 /*
+ * Whether a batch worker running takes what a submitter has just added to
+ * @q's list before it ends (hybd_remap_batch()), so that nothing need be
+ * queued.  Pairs with the batch's fully ordered atomic_dec_return()
+ * before its last look at the list: the add's cmpxchg in
+ * llist_add_batch(), which succeeded, is fully ordered before this read.
+ */
+static bool hybd_remap_batch_takes(struct hybd_queue *q)
+{
+	return atomic_read(&q->remap_batching);
+}
+
+/*
  * Hand @first and those after it, oldest first, to the batch worker.
  * Reversed, they go on the list (a stack) in one push, newest on top, as
  * if pushed one by one in their order: the worker's llist_reverse_order()
@@ -622,19 +635,81 @@ static void hybd_remap_requeue(struct hybd_queue *q, struct llist_node *first)
 {
 	struct llist_node *top = llist_reverse_order(first);
 
-	if (llist_add_batch(top, first, &q->remap_list))
+	if (llist_add_batch(top, first, &q->remap_list) &&
+	    !hybd_remap_batch_takes(q))
 		hybd_remap_kick(q);
 }
 
+/* Start the requests of @list, oldest first; return how many. */
+static unsigned int hybd_remap_start_list(struct llist_node *list)
+{
+	struct hybd_remap *r, *next;
+	unsigned int n = 0;
+
+	/*
+	 * A tag may be remapped again, or go on from a short I/O, as soon as
+	 * it is started: the next node is read before it starts.
+	 */
+	llist_for_each_entry_safe(r, next, list, node) {
+		hybd_remap_rw(container_of(r, struct hybd_tag, remap), true);
+		n++;
+		cond_resched();
+	}
+	return n;
+}
+
 /*
- * A queue's reads and writes: start the batch that waits, in the order
- * it came.  Targets that can say they would wait (FMODE_NOWAIT: most file
- * systems, block devices) are asked not to, and what would wait goes to
- * its tag's own work.  Others are called as they are, as the loop driver
- * calls its file: whatever one does in the call (tmpfs: the copy) keeps
- * the rest of the batch waiting meanwhile.  Requests that came in since
- * queued a work again: one batch a run, so that the rescuer of a
- * workqueue under memory pressure moves on to the other queues' works.
+ * A batch worker that started requests ran out of them: on a device that
+ * asked for it (HYBD_DEV_F_REMAP_POLL), poll for more for up to poll_ns,
+ * as a server's worker does (hybd_queue_wait()), so that a submitter on
+ * another CPU finds it awake.  Only while nothing else wants the CPU:
+ * single_task_running() is a hint, as for KVM's halt polling (a kworker
+ * may move meanwhile), and a task woken here ends the poll.
+ * It stops at the end of its run's time (@until).
+ * Return: whether requests came.
+ */
+static bool hybd_remap_poll(struct hybd_queue *q, unsigned long until)
+{
+	const struct hybd_param_basic *b = &q->dev->params.basic;
+	u64 end;
+
+	if (!(b->flags & HYBD_DEV_F_REMAP_POLL) || !b->poll_ns)
+		return false;
+	end = ktime_get_ns() + b->poll_ns;
+	do {
+		cpu_relax();
+		if (!llist_empty(&q->remap_list)) {
+			hybd_stat_inc(q, remap_polled);
+			return true;
+		}
+	} while (ktime_get_ns() < end && time_before(jiffies, until) &&
+		 !need_resched() && single_task_running());
+	return false;
+}
+
+/*
+ * A queue's reads and writes: start the batches that wait, in the order
+ * they came.  Targets that can say they would wait (FMODE_NOWAIT: most
+ * file systems, block devices) are asked not to, and what would wait goes
+ * to its tag's own work.  Others are called as they are, as the loop
+ * driver calls its file: whatever one does in the call (tmpfs: the copy)
+ * keeps the rest of the batch waiting meanwhile.
+ *
+ * Requests that come in while a batch runs join the list and wait for it
+ * (@remap_batching): the worker takes them when it is done, and so on
+ * until the list stays empty, without a work queued or a worker woken
+ * for each.  A worker faster than its submitters would otherwise sleep
+ * after nearly every request, and each submitter would pay a cross-CPU
+ * wakeup for the next one.  With HYBD_DEV_F_REMAP_POLL, a worker that
+ * finds the list empty polls it for a while first (hybd_remap_poll()).
+ * A run takes about a queue depth of requests, or what comes until the
+ * jiffy ticks, and then queues the work again, so that other works of its
+ * pool, and the rescuer of a workqueue under memory pressure, move on.
+ * A call that blocks in a batch (a target that cannot say it would, one
+ * that waits anyway, a block device's fallback for a bio that needs a
+ * split) holds what comes meanwhile too, as it holds the rest of its
+ * batch; before batches took what came, that kicked the queue's works,
+ * of which only the unbound one could run beside a stuck beside work.
  *
  * A request queued @alone (the local work, on its CPU) is started alone:
  * whatever joined it before this ran goes to the batch worker, so that
@@ -643,24 +718,47 @@ static void hybd_remap_requeue(struct hybd_queue *q, struct llist_node *first)
  */
 static void hybd_remap_batch(struct hybd_queue *q, bool alone)
 {
+	unsigned int budget = q->dev->params.basic.queue_depth, n = 0, m;
+	unsigned long until = jiffies + 1;
 	struct llist_node *list;
-	struct hybd_remap *r, *next;
 	unsigned int pflags;
 
-	list = llist_reverse_order(llist_del_all(&q->remap_list));
-	if (alone && list && list->next) {
-		hybd_remap_requeue(q, list->next);
-		list->next = NULL;
-	}
+	hybd_stat_inc(q, remap_runs);
 	pflags = hybd_remap_worker_enter();
-	/*
-	 * A tag may be remapped again, or go on from a short I/O, as soon as
-	 * it is started: the next node is read before it starts.
-	 */
-	llist_for_each_entry_safe(r, next, list, node) {
-		hybd_remap_rw(container_of(r, struct hybd_tag, remap), true);
-		cond_resched();
+	if (alone) {
+		list = llist_reverse_order(llist_del_all(&q->remap_list));
+		if (list && list->next) {
+			hybd_remap_requeue(q, list->next);
+			list->next = NULL;
+		}
+		hybd_remap_start_list(list);
+		goto out;
 	}
+	/*
+	 * Unordered: a submitter that reads it before it is seen queues the
+	 * work, and one that reads it after has added before this worker's
+	 * llist_del_all() (a fully ordered xchg) or its last look below.
+	 */
+	atomic_inc(&q->remap_batching);
+	do {
+		list = llist_reverse_order(llist_del_all(&q->remap_list));
+		m = hybd_remap_start_list(list);
+		n += m;
+	} while (n < budget && time_before(jiffies, until) &&
+		 (!llist_empty(&q->remap_list) ||
+		  (m && hybd_remap_poll(q, until))));
+	/*
+	 * Every batch that ends looks at the list again, after a fully
+	 * ordered atomic_dec_return(): a request queued meanwhile is seen
+	 * here, or its submitter saw the count without this batch, and
+	 * either queued a work itself or counted on another batch, which
+	 * looks when it ends (pairs with hybd_remap_batch_takes()).  So is
+	 * what waits when a run ends out of budget or time.
+	 */
+	(void)atomic_dec_return(&q->remap_batching);
+	if (!llist_empty(&q->remap_list))
+		hybd_remap_kick(q);
+out:
 	hybd_remap_worker_exit(pflags);
 }
 
@@ -684,7 +782,8 @@ static void hybd_remap_local_work(struct work_struct *work)
 
 /*
  * Queue a read or write for its queue's workers (any context): the first
- * on an empty list queues a work, which takes those that follow.  A
+ * on an empty list queues a work, which takes those that follow, unless a
+ * batch runs, which takes it (hybd_remap_batch_takes()).  A
  * request alone on its queue (no other in flight, and none behind it in
  * its dispatch: @last) from a submitter that waits for it is started by
  * a worker of the CPU that queued it, which the submitter leaves idle:
@@ -700,10 +799,14 @@ static void hybd_remap_local_work(struct work_struct *work)
 static void hybd_remap_queue(struct hybd_queue *q, struct hybd_tag *t,
 			     bool last)
 {
+	/* once on the list, the request may be started and over */
+	bool waits = !(t->rq->cmd_flags & REQ_NOWAIT);
+
 	if (!llist_add(&t->remap.node, &q->remap_list))
 		return;
-	if (last && atomic_read(&q->remaps) == 1 &&
-	    !(t->rq->cmd_flags & REQ_NOWAIT))
+	if (hybd_remap_batch_takes(q))
+		return;
+	if (last && atomic_read(&q->remaps) == 1 && waits)
 		queue_work(q->dev->remap_local_wq, &q->remap_local_work);
 	else
 		hybd_remap_kick(q);
@@ -872,6 +975,7 @@ void hybd_remap_init_queue(struct hybd_queue *q)
 
 	init_llist_head(&q->remap_list);
 	atomic_set(&q->remaps, 0);
+	atomic_set(&q->remap_batching, 0);
 	INIT_WORK(&q->remap_work, hybd_remap_batch_work);
 	INIT_WORK(&q->remap_local_work, hybd_remap_local_work);
 	INIT_WORK(&q->remap_beside_work, hybd_remap_beside_work);

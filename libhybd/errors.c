@@ -67,13 +67,17 @@ static int ops_errmsg(char *buf, size_t size, const struct hybd_param_basic *b)
 }
 
 static int flags_errmsg(char *buf, size_t size,
-			const struct hybd_param_basic *b)
+			const struct hybd_param_basic *b, int err)
 {
 	if (b->flags & ~HYBD_DEV_F_ALL)
 		return snprintf(buf, size,
 				"device flags 0x%x: unknown bits 0x%x (known: 0x%x)",
 				b->flags, b->flags & ~HYBD_DEV_F_ALL,
 				HYBD_DEV_F_ALL);
+	if ((b->flags & HYBD_DEV_F_REMAP_POLL) && err == -EOPNOTSUPP)
+		return snprintf(buf, size,
+				"device flags 0x%x: polling remap workers (HYBD_DEV_F_REMAP_POLL) need kernel feature remap_poll",
+				b->flags);
 	if ((b->flags & HYBD_DEV_F_ZERO_WRITES) &&
 	    !(b->ops & HYBD_OPF_WRITE_ZEROES))
 		return snprintf(buf, size,
@@ -83,6 +87,11 @@ static int flags_errmsg(char *buf, size_t size,
 	    !(b->ops & HYBD_OPF_FLUSH))
 		return snprintf(buf, size,
 				"device flags 0x%x: a volatile write cache needs the flush operation",
+				b->flags);
+	if ((b->flags & HYBD_DEV_F_UNPRIVILEGED) &&
+	    (b->flags & HYBD_DEV_F_REMAP_POLL))
+		return snprintf(buf, size,
+				"device flags 0x%x: an unprivileged device's remap workers may not poll (HYBD_DEV_F_REMAP_POLL)",
 				b->flags);
 	return snprintf(buf, size, "device flags 0x%x: refused by the kernel",
 			b->flags);
@@ -207,7 +216,7 @@ int hybd__param_errmsg(char *buf, size_t size, const struct hybd_params *p,
 	case HYBD_PERR_OPS:
 		return ops_errmsg(buf, size, b);
 	case HYBD_PERR_FLAGS:
-		return flags_errmsg(buf, size, b);
+		return flags_errmsg(buf, size, b, err);
 	case HYBD_PERR_POLL:
 		if (b->poll_ns <= HYBD_MAX_POLL_NS)
 			return snprintf(buf, size,

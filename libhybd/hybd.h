@@ -63,7 +63,7 @@ extern "C" {
 #include <stddef.h>
 
 #define HYBD_LIB_VERSION_MAJOR	1
-#define HYBD_LIB_VERSION_MINOR	12
+#define HYBD_LIB_VERSION_MINOR	13
 /* what hybd_lib_version() returns for a given version */
 #define HYBD_LIB_VERSION(major, minor)	(((major) << 16) | (minor))
 
@@ -123,7 +123,14 @@ struct hybd_config {
 	uint32_t queue_depth;		/* requests in flight per queue */
 	uint32_t ops;			/* HYBD_OPF_* the device accepts */
 	uint32_t flags;			/* HYBD_DEV_F_* */
-	uint32_t poll_ns;		/* worker busy-poll before sleeping */
+	/*
+	 * How long a worker that runs out of requests busy-polls for more
+	 * before it sleeps: the workers here, and with HYBD_DEV_F_REMAP_POLL
+	 * in @flags the kernel's remap workers, which poll only while their
+	 * CPU has nothing else to run.  CPU spent to spare submitters a
+	 * sleeping worker's wakeup.  0 (default): never; at most 1 ms.
+	 */
+	uint32_t poll_ns;
 	int32_t dev_id;			/* wanted N of /dev/hybdN; -1: any */
 	uint32_t lib_flags;		/* HYBD_CFG_* */
 	uint32_t max_discard_bytes;	/* 0: kernel default */

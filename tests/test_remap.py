@@ -24,8 +24,8 @@ import pytest
 from hybdbpf import (delta, detach_ok, disk_completed_ios, fastpath,  # noqa: F401
                      need_bpf, prog, settle, stats, suite_prog)
 from hybdlib import (LOOP, REPO, T_CMD, T_IO, direct_read, direct_write,
-                     first_difference, fio_verify, hybdctl, hybdctl_json,
-                     io_errno, loop_device, need_built, need_tool, pattern,
+                     fio, first_difference, fio_verify, hybdctl, hybdctl_json,
+                     io_errno, io_uring_usable, loop_device, need_built, need_tool, pattern,
                      record, run, sysfs_queue, wait_for)
 from test_backing import dio_fs, unlink_and_wait_freed  # noqa: F401 (fixture)
 from test_recovery import Background, let_run, seeded, wait_waiting
@@ -514,6 +514,62 @@ def test_barrier_and_feature(dio_fs, servers):
         assert r < 0 and u.ctypes.get_errno() == errno.EINVAL
     finally:
         s.remove()
+
+
+@pytest.mark.time_limit(900)
+def test_remap_workers_count_runs_and_poll_with_poll_ns(dio_fs, servers,
+                                                        fastpath):
+    """A file's remapped reads and writes start in runs of a queue's
+    workers, counted (remap_runs), several requests a run under load.
+    With HYBD_DEV_F_REMAP_POLL (hybd-loop --remap --poll-ns) a worker out
+    of requests polls for more before it lets go: fio --verify at QD32
+    over two queues reads back all it wrote, and with one submitter at
+    QD32 (its worker on the other CPU) polling finds requests
+    (remap_polled).  Without the flag a worker never polls."""
+    import hybd_uapi as u
+    with u.Control() as ctl:
+        e, _, feats = u.features(ctl)
+        assert e == 0 and feats & u.F_REMAP_POLL, (e, feats)
+    mnt, _ = dio_fs
+    for poll_ns in (0, 1000000):
+        target = sparse(mnt / f"poll-{poll_ns}.img", 32 * MiB)
+        srv = start_loop(servers, target, "--poll-ns", str(poll_ns))
+        info = hybdctl_json("info", str(srv.dev))
+        assert info["remap_poll"] is bool(poll_ns), info
+        assert info["poll_ns"] == poll_ns, info
+        fastpath.attach(prog("loop"), srv.dev)
+        base = stats(srv.dev)
+        fio_verify(srv.dev, "4k", "8M", 2, iodepth=32)
+        mid = stats(srv.dev)
+        assert_all_remapped(mid, base)
+        d = delta(mid, base)
+        assert 0 < d["remap_runs"] < d["remapped"], d
+        one_submitter_qd32(srv.dev)
+        s = stats(srv.dev)
+        assert_all_remapped(s, mid)
+        p = delta(s, mid)
+        if poll_ns and (os.cpu_count() or 1) >= 2:
+            assert p["remap_polled"] > 0, p
+        if not poll_ns:
+            assert delta(s, base)["remap_polled"] == 0, (s, base)
+        record(f"remap poll_ns={poll_ns}",
+               f"verify: remapped={d['remapped']} runs={d['remap_runs']} "
+               f"polled={d['remap_polled']}; one submitter: "
+               f"remapped={p['remapped']} runs={p['remap_runs']} "
+               f"polled={p['remap_polled']}")
+        detach_ok(srv.dev)
+        srv.stop()
+
+
+def one_submitter_qd32(dev, seconds=2):
+    """fio: one job of 4 KiB random reads at QD32 for a few seconds."""
+    engine = "io_uring" if io_uring_usable() else "libaio"
+    rc, data, res = fio(["--name=qd32", f"--filename={dev}", "--direct=1",
+                         f"--ioengine={engine}", "--iodepth=32",
+                         "--rw=randread", "--bs=4k", "--size=8M",
+                         "--time_based", f"--runtime={seconds}"])
+    assert rc == 0 and data is not None, res.stderr
+    assert data["jobs"][0]["error"] == 0, data["jobs"][0]
 
 
 def pfn_of(addr):

@@ -171,6 +171,14 @@ with u.Control() as ctl:
     print(e)
 """)
         assert int(out) == errno.EPERM
+        # remap workers that poll: kernel threads' CPU, no one's to limit
+        out = raw_as(USER, """
+with u.Control() as ctl:
+    e, _, p = u.add(ctl, b=u.basic(flags=u.DEV_F_UNPRIVILEGED |
+                                   u.DEV_F_REMAP_POLL, poll_ns=50000))
+    print(e, p)
+""")
+        assert out.split() == [str(errno.EPERM), str(uapi.PERR_FLAGS)], out
         # the owner deletes its own
         for dev_id in made:
             rc, _, err = hybdctl_as(USER, "del", str(dev_id))

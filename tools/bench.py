@@ -46,6 +46,11 @@ interleaved round-robin, and reports medians, per-round ranges and ratios:
                over kloop's file: every request remapped to it in the
                kernel (direct I/O on the request's pages)
   bloop1       the same with 1 queue, as the kernel loop has
+  bloopp       bloop with --poll-ns 50000 (HYBD_DEV_F_REMAP_POLL): the
+               kernel's remap workers poll up to 50 us for more before
+               they sleep (spends CPU; hybd-loop's own workers, which
+               serve nothing here, wait in poll() and do not poll)
+  bloop1p      the same with 1 queue
   bloopb       the BPF loop over a block device: hybd-loop --remap
                /dev/nullb1 (null_blk, memory-backed, as nullblk's) +
                bpf/loop.bpf.o
@@ -168,7 +173,7 @@ SEQ_QD = 8
 
 # key -> (label, hybd server setup or None).  The order is the table's.
 #   prog: bpf/<prog>.bpf.o attached; data: region written before measuring;
-#   poll_ns: the ramdisk's --poll-ns; fast: reads are expected on the fast
+#   poll_ns: the server's --poll-ns; fast: reads are expected on the fast
 #   path; queues: the server's --queues (default: the library's, one per
 #   CPU); server: the example that serves it (default the ramdisk)
 LINES = {
@@ -228,6 +233,12 @@ LINES = {
     "bloop1": ("BPF loop (remap), 1 queue",
                dict(prog="loop", data=True, poll_ns=0, fast=True,
                     server="bloop", queues=1)),
+    "bloopp": ("BPF loop (remap), poll 50 us",
+               dict(prog="loop", data=True, poll_ns=50000, fast=True,
+                    server="bloop")),
+    "bloop1p": ("BPF loop (remap), 1 queue, poll 50 us",
+                dict(prog="loop", data=True, poll_ns=50000, fast=True,
+                     server="bloop", queues=1)),
     "bloopb": ("BPF loop on null_blk (remap)",
                dict(prog="loop", data=False, poll_ns=0, fast=True,
                     server="bloop", bdev=True)),
@@ -285,13 +296,15 @@ MODES = ("qd1", "qd32", "par", "seq", "qd1w")
 # the lines measured in "seq" (128 KiB sequential reads) too
 SEQ_LINES = ("nullblk", "unull1", "unull", "hnull1", "hnull", "hnullq", "noprog1",
              "noprog", "kloop", "uloop", "hloop1", "hloop", "bloop",
-             "bloop1", "bloopb", "dmlinear", "kloopx", "bloopx", "dmcrypt",
+             "bloop1", "bloopp", "bloop1p", "bloopb", "dmlinear", "kloopx",
+             "bloopx", "dmcrypt",
              "dmcryptnw", "encslow", "encslow1", "encfast",
              "enccache", "ddslow", "ddslow1", "ddmslow", "ddremap")
 # the lines measured in "par" (2 submitters: 2 fio jobs at QD16) too
 PAR_LINES = ("nullblk", "unull1", "unull", "hnull1", "hnull", "hnullq", "noprog1",
              "noprog", "kloop", "uloop", "hloop1", "hloop", "bloop",
-             "bloop1", "bloopb", "dmlinear", "kloopx", "bloopx", "dmcrypt",
+             "bloop1", "bloopp", "bloop1p", "bloopb", "dmlinear", "kloopx",
+             "bloopx", "dmcrypt",
              "dmcryptnw", "encslow", "encslow1", "ddslow",
              "ddslow1", "ddremap")
 # the lines measured in "qd1w" (4 KiB random writes, QD1) too
@@ -319,7 +332,8 @@ COMPARISONS = (
       ("nbdexz", "nbdexc")]),
     ("loop", "the loop drivers over one kind of file",
      [("uloop", "kloop"), ("hloop1", "uloop"), ("hloop", "uloop"),
-      ("hloop", "kloop"), ("bloop", "kloop"), ("bloop1", "kloop")]),
+      ("hloop", "kloop"), ("bloop", "kloop"), ("bloop1", "kloop"),
+      ("bloopp", "kloop"), ("bloop1p", "kloop"), ("bloopp", "bloop")]),
     ("loopbdev", "the BPF loop against dm-linear on one block device",
      [("bloopb", "dmlinear"), ("dmlinear", "nullblk")]),
     ("loopext4", "the BPF loop against the kernel loop on a file on ext4 "
@@ -1023,7 +1037,8 @@ def setup_hybd(line, ctx):
         else:
             # the kernel loop's own file when that line runs: the same file
             path = ctx.kloop_backing or backing_file(ctx, "bloop.img")
-        server = Ramdisk([*args, "--remap", path], exe=LOOP)
+        poll = ["--poll-ns", str(spec["poll_ns"])] if spec["poll_ns"] else []
+        server = Ramdisk([*args, *poll, "--remap", path], exe=LOOP)
     elif spec.get("server") == "encrypt":
         if not os.access(ENCRYPT, os.X_OK):
             raise BenchError(f"{ENCRYPT} is not built (make examples)")

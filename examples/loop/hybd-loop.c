@@ -6,7 +6,7 @@
  *   hybd-loop [--queues N] [--depth N] [--max-io BYTES] [--buffered]
  *             [--block-size BYTES] [--io-timeout SECONDS] [--id N]
  *             [--bpf PROG.bpf.o] [--recovery SECONDS] [--attach]
- *             [--remap[=ro]] [--always-uring] FILE
+ *             [--remap[=ro]] [--poll-ns NS] [--always-uring] FILE
  *
  * The device has FILE's size (a multiple of 4 KiB); FILE is a regular file
  * or a block device (which takes no discards).  It prints "ready
@@ -49,6 +49,13 @@
  * the same offsets with direct I/O, so they never disagree.  --remap=ro
  * registers it read-only: the kernel refuses to remap writes, discards
  * and write-zeroes (-EROFS), which the program then passes here.
+ *
+ * --poll-ns NS sets the device's poll_ns: a worker that runs out of
+ * requests busy-polls that long for more before it sleeps, with --remap
+ * the kernel's remap workers too if the kernel has feature remap_poll
+ * (HYBD_DEV_F_REMAP_POLL; they poll only while their CPU has nothing else
+ * to run).  It spends CPU to spare
+ * submitters the wakeup of a sleeping worker.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -432,7 +439,7 @@ static const char usage[] =
 	"usage: hybd-loop [--queues N] [--depth N] [--max-io BYTES] [--buffered]\n"
 	"                 [--block-size BYTES] [--io-timeout SECONDS] [--id N]\n"
 	"                 [--bpf PROG.bpf.o] [--recovery SECONDS] [--attach]\n"
-	"                 [--remap[=ro]] [--always-uring] FILE\n";
+	"                 [--remap[=ro]] [--poll-ns NS] [--always-uring] FILE\n";
 
 static uint64_t number(const char *name, const char *s)
 {
@@ -444,6 +451,22 @@ static uint64_t number(const char *name, const char *s)
 		exit(2);
 	}
 	return v;
+}
+
+/* A count of nanoseconds; the library refuses more than it takes. */
+static uint32_t nanoseconds(const char *name, const char *s)
+{
+	unsigned long long v;
+	char *end;
+
+	errno = 0;
+	v = strtoull(s, &end, 10);
+	if (errno || end == s || *end || *s == '-') {
+		fprintf(stderr, "hybd-loop: --%s %s: not a number of nanoseconds\n",
+			name, s);
+		exit(2);
+	}
+	return v > UINT32_MAX ? UINT32_MAX : v;
 }
 
 int main(int argc, char **argv)
@@ -461,6 +484,7 @@ int main(int argc, char **argv)
 		{ "remap", optional_argument, NULL, 'r' },
 		{ "block-size", required_argument, NULL, 'l' },
 		{ "always-uring", no_argument, NULL, 'U' },
+		{ "poll-ns", required_argument, NULL, 'P' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -496,6 +520,7 @@ int main(int argc, char **argv)
 			lo.remap_ro = optarg;
 			break;
 		case 'l': cfg.logical_block_size = number(name, optarg); break;
+		case 'P': cfg.poll_ns = nanoseconds(name, optarg); break;
 		case 'h': fputs(usage, stdout); return 0;
 		default: fputs(usage, stderr); return 2;
 		}
@@ -523,6 +548,19 @@ int main(int argc, char **argv)
 	if (lo.remap && !(flags & O_DIRECT)) {
 		fprintf(stderr, "hybd-loop: --remap and --buffered do not mix: the kernel's remaps use direct I/O\n");
 		return 2;
+	}
+	/* the kernel's remap workers poll as ours do, if it can */
+	if (lo.remap && cfg.poll_ns) {
+		struct hybd_ctl_features f;
+
+		ret = hybd_ctl_features(&f);
+		if (!ret && (f.features & HYBD_F_REMAP_POLL))
+			cfg.flags |= HYBD_DEV_F_REMAP_POLL;
+		else if (!ret)
+			fprintf(stderr, "hybd-loop: --poll-ns: this kernel's remap workers do not poll (no feature remap_poll)\n");
+		else
+			fprintf(stderr, "hybd-loop: --poll-ns: cannot ask the kernel whether its remap workers poll: %s\n",
+				hybd_errmsg());
 	}
 	lo.path = argv[optind];
 	lo.sync_rw = !always_uring && !can_nowait(lo.fd);

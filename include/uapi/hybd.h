@@ -111,6 +111,8 @@
 #define HYBD_F_RESIZE		(1ULL << 13)
 /* HYBD_DEV_F_UNPRIVILEGED: devices of users without CAP_SYS_ADMIN */
 #define HYBD_F_UNPRIVILEGED	(1ULL << 14)
+/* HYBD_DEV_F_REMAP_POLL (offered with HYBD_F_REMAP) */
+#define HYBD_F_REMAP_POLL	(1ULL << 15)
 
 /*
  * Supported operations (hybd_param_basic.ops).  READ is mandatory; a
@@ -167,7 +169,17 @@
  * user's device.
  */
 #define HYBD_DEV_F_UNPRIVILEGED	(1U << 3)
-#define HYBD_DEV_F_ALL		0xfU
+/*
+ * The kernel's remap workers poll too (HYBD_F_REMAP_POLL): one that runs
+ * out of remapped reads and writes polls for more for up to poll_ns, while
+ * its CPU has nothing else to run, before it lets go; CPU spent, in
+ * kernel threads, so that submitters on other CPUs need not wake it.
+ * Needs CAP_SYS_ADMIN: an unprivileged device with it fails with -EPERM
+ * (the CPU would be no one's to account or limit).  Without poll_ns, or
+ * without the BPF fast path (no remaps), it does nothing.
+ */
+#define HYBD_DEV_F_REMAP_POLL	(1U << 4)
+#define HYBD_DEV_F_ALL		0x1fU
 
 /* Parameter block types (hybd_params.types). */
 #define HYBD_PARAM_BASIC	(1U << 0)	/* mandatory */
@@ -183,7 +195,11 @@ struct hybd_param_basic {
 	__u16	queue_depth;	/* 1..HYBD_MAX_QUEUE_DEPTH */
 	__u32	ops;		/* HYBD_OPF_* */
 	__u32	flags;		/* HYBD_DEV_F_* */
-	__u32	poll_ns;	/* busy-poll before sleeping, 0..HYBD_MAX_POLL_NS */
+	/*
+	 * busy-poll before sleeping, 0..HYBD_MAX_POLL_NS: a worker in
+	 * HYBD_SRV_IO_WAIT, and with HYBD_DEV_F_REMAP_POLL a remap worker
+	 */
+	__u32	poll_ns;
 	__u32	io_timeout;	/* seconds, 0..HYBD_MAX_IO_TIMEOUT; 0: none
 				 * (HYBD_DEV_F_UNPRIVILEGED: 30 s) */
 	/*
@@ -343,7 +359,21 @@ struct hybd_dev_stats {
 	 * predates the counter leaves it 0)
 	 */
 	__u64	remap_direct;
-	__u64	reserved[5];
+	/*
+	 * HYBD_F_REMAP: runs of the workers that start remapped reads and
+	 * writes on files (and the block-device ones queue_rq did not
+	 * start) in batches, each taking what waits and what comes while it
+	 * runs: each costs at most one wakeup, and a run may find nothing
+	 * (a module that predates the counter leaves it 0)
+	 */
+	__u64	remap_runs;
+	/*
+	 * HYBD_DEV_F_REMAP_POLL: times such a worker, out of requests, found
+	 * more by polling for them (a module that predates the counter
+	 * leaves it 0)
+	 */
+	__u64	remap_polled;
+	__u64	reserved[3];
 };
 
 /* HYBD_CTL_INFO */

@@ -277,7 +277,7 @@ static void test_param_messages(void)
 	good_params(&p);
 	p.basic.flags = 0x81;
 	msg_is(&p, -1, HYBD_PERR_FLAGS, -EOPNOTSUPP,
-	       "device flags 0x81: unknown bits 0x80 (known: 0xf)");
+	       "device flags 0x81: unknown bits 0x80 (known: 0x1f)");
 	p.basic.flags = HYBD_DEV_F_ZERO_WRITES;
 	p.basic.ops = HYBD_OPF_READ | HYBD_OPF_WRITE;
 	msg_is(&p, -1, HYBD_PERR_FLAGS, -EINVAL,
@@ -286,6 +286,13 @@ static void test_param_messages(void)
 	p.basic.ops = HYBD_OPF_READ | HYBD_OPF_WRITE;
 	msg_is(&p, -1, HYBD_PERR_FLAGS, -EINVAL,
 	       "device flags 0x1: a volatile write cache needs the flush operation");
+	p.basic.flags = HYBD_DEV_F_UNPRIVILEGED | HYBD_DEV_F_REMAP_POLL;
+	msg_is(&p, -1, HYBD_PERR_FLAGS, -EPERM,
+	       "device flags 0x18: an unprivileged device's remap workers may not poll (HYBD_DEV_F_REMAP_POLL)");
+	/* a kernel from before the flag */
+	p.basic.flags = HYBD_DEV_F_REMAP_POLL;
+	msg_is(&p, -1, HYBD_PERR_FLAGS, -EOPNOTSUPP,
+	       "device flags 0x10: polling remap workers (HYBD_DEV_F_REMAP_POLL) need kernel feature remap_poll");
 
 	good_params(&p);
 	p.basic.poll_ns = 2000000;
