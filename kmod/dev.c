@@ -92,8 +92,15 @@ static int hybd_dev_init_tag_set(struct hybd_dev *dev)
 	set->queue_depth = dev->params.basic.queue_depth;
 	set->numa_node = NUMA_NO_NODE;
 	set->timeout = tmo ? tmo * HZ : HYBD_LIVENESS_TIMEOUT;
-	/* queue_rq starts remaps on block devices (hybd_queue_rq()) */
-	set->flags = BLK_MQ_F_SHOULD_MERGE | BLK_MQ_F_BLOCKING;
+	/*
+	 * BLOCKING: queue_rq starts remaps on block devices (hybd_queue_rq()).
+	 * No I/O scheduler unless asked for, one queue or many, as for loop:
+	 * blk-mq gives a one-queue device mq-deadline, whose lock and insert
+	 * every request would pay instead of being issued directly, while
+	 * what lies below (a server's disk, a remap target) has its own.
+	 */
+	set->flags = BLK_MQ_F_SHOULD_MERGE | BLK_MQ_F_BLOCKING |
+		     BLK_MQ_F_NO_SCHED_BY_DEFAULT;
 	set->driver_data = dev;
 	return blk_mq_alloc_tag_set(set);
 }

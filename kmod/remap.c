@@ -826,8 +826,9 @@ static void hybd_remap_queue(struct hybd_queue *q, struct hybd_tag *t,
  *    split's remainder waiting there may wait for our tag: the clones
  *    would wait behind it.)
  *  - with neither a bio_list nor a plug (blk-mq's work): they go at once.
- * In a plug's flush they would join the plug being flushed; under a
- * caller's RCU or lock (a request-based dm device above, which issues
+ * In a plug's flush (io_uring submitting more than two at once, aio, a
+ * file system's writeback) they would join the plug being flushed; under
+ * a caller's RCU or lock (a request-based dm device above, which issues
  * into queue_rq) they must not sleep.  There, and when a clone cannot be
  * had at once, the request goes to the workers.
  */
@@ -886,7 +887,8 @@ static void hybd_remap_bio_done(struct bio *clone)
 /*
  * What a clone keeps of its bio's flags: hints for the target's
  * scheduler and throttling, not how the bio was submitted (REQ_POLLED,
- * the allocation cache) nor its durability, which is set anew.
+ * the bio's allocation cache: the clone has its own bit, from
+ * bio_alloc_clone()) nor its durability, which is set anew.
  */
 #define HYBD_CLONE_KEEP	(REQ_SYNC | REQ_META | REQ_PRIO | REQ_IDLE | \
 			 REQ_BACKGROUND | REQ_RAHEAD | REQ_FAILFAST_MASK)
@@ -922,7 +924,9 @@ static bool hybd_remap_bio(struct hybd_queue *q, struct hybd_tag *t)
 					&hybd_remap_bs);
 		if (!clone)
 			goto fail;
-		clone->bi_opf = opf | (bio->bi_opf & keep);
+		/* REQ_ALLOC_CACHE: bio_put() gives it back to the cache */
+		clone->bi_opf = opf | (bio->bi_opf & keep) |
+				(clone->bi_opf & REQ_ALLOC_CACHE);
 		clone->bi_iter.bi_sector = sector;
 		sector += bio_sectors(bio);
 		clone->bi_end_io = hybd_remap_bio_done;
@@ -961,7 +965,12 @@ void hybd_remap_issue(struct hybd_queue *q, struct hybd_tag *t)
 
 int hybd_remap_init(void)
 {
-	return bioset_init(&hybd_remap_bs, BIO_POOL_SIZE, 0, 0);
+	/*
+	 * A clone of a bio that came with REQ_ALLOC_CACHE (io_uring's) comes
+	 * from a per-CPU cache, as dm's clones do: no slab round trip.
+	 */
+	return bioset_init(&hybd_remap_bs, BIO_POOL_SIZE, 0,
+			   BIOSET_PERCPU_CACHE);
 }
 
 void hybd_remap_exit(void)

@@ -13,6 +13,7 @@ from hybdlib import (RAMDISK, STATS_FIELDS, add_device, assert_data, del_device,
                      dev_path, device_ids, direct_read, direct_write, free_id,
                      hybdctl, info, list_devices, pattern, run, sysfs_queue,
                      wait_for)
+from hybdbpf import settle
 
 MiB = 1 << 20
 
@@ -114,6 +115,22 @@ def test_served_device_is_live_with_the_geometry_asked_for(ramdisk):
     assert sysfs_queue(srv.dev, "write_cache") == "write back"
     assert len(list(Path(f"/sys/block/{name}/mq").iterdir())) == 2
     assert int(Path(f"/sys/block/{name}/mq/0/nr_tags").read_text()) == 16
+
+
+def test_one_queue_device_has_no_scheduler_unless_asked(ramdisk):
+    """As for loop: no mq-deadline (blk-mq's default for one queue), whose
+    lock and insert every request would pay; one can still be set."""
+    srv = ramdisk(size="16M", queues=1)
+    settle()
+    sched = sysfs_queue(srv.dev, "scheduler")
+    assert sched.startswith("[none]"), sched
+    if "mq-deadline" in sched:
+        name = os.path.basename(srv.dev)
+        Path(f"/sys/block/{name}/queue/scheduler").write_text("mq-deadline")
+        assert "[mq-deadline]" in sysfs_queue(srv.dev, "scheduler")
+        pa = pattern("s", 1 * MiB)
+        direct_write(srv.dev, 0, pa)
+        assert_data(srv.dev, 0, pa, "under mq-deadline")
 
 
 def test_no_write_cache_device_is_write_through(ramdisk):

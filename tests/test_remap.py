@@ -242,6 +242,40 @@ def test_block_device_target_split_at_depth_1(servers, fastpath, tmp_path):
         srv.stop()
 
 
+def test_block_device_target_batched_submissions(servers, fastpath,
+                                                tmp_path):
+    """io_uring or aio reaping and submitting 16 at a time: queue_rq runs
+    in the flush of the submitter's plug, where clones would join the plug
+    being flushed, so the workers start those remaps; then with 4 tags on
+    the target for 64 requests in flight, where most cannot start at
+    once.  Everything remapped, fio --verify reads every block back."""
+    batch = ("--iodepth_batch_submit=16", "--iodepth_batch_complete_min=16")
+    with loop_device(sparse(tmp_path / "disk.img", 32 * MiB)) as loop:
+        srv = start_loop(servers, loop)
+        fastpath.attach(prog("loop"), srv.dev)
+        base = stats(srv.dev)
+        fio_verify(srv.dev, "4k", "8M", 2, iodepth=32, extra=batch)
+        mid = stats(srv.dev)
+        assert_all_remapped(mid, base)
+        d = delta(mid, base)
+        # a batch's flush goes to the workers (a lone submission, verify's
+        # first read of each block, is issued inside its submit_bio())
+        assert d["remap_direct"] < d["remapped"] // 2, d
+        name = os.path.basename(loop)
+        with open(f"/sys/block/{name}/queue/nr_requests", "w") as f:
+            f.write("4")
+        fio_verify(srv.dev, "4k", "8M", 2, iodepth=32, extra=batch)
+        s = stats(srv.dev)
+        assert_all_remapped(s, mid)
+        assert delta(s, mid)["remap_waited"] > 0, delta(s, mid)
+        assert prog_globals(srv.dev)["remap_errors"] == 0
+        record("test_block_device_target_batched_submissions",
+               f"remapped={s['remapped']} direct={s['remap_direct']} "
+               f"waited={s['remap_waited']}")
+        detach_ok(srv.dev)
+        srv.stop()
+
+
 @pytest.mark.time_limit(900)
 def test_attach_replace_detach_under_fio_verify(dio_fs, servers, fastpath):
     """The loop program comes and goes under fio --verify: no error, every

@@ -354,9 +354,10 @@ struct hybd_dev_stats {
 	 * HYBD_F_REMAP: remapped reads and writes on a block device target
 	 * that queue_rq started itself, in the submitter's context, as
 	 * clones of their bios (inside the submitter's submit_bio(), or from
-	 * blk-mq's work); the others (on files, from a plug's flush, or when
-	 * no clone could be had at once) start in a worker (a module that
-	 * predates the counter leaves it 0)
+	 * blk-mq's work); the others (on files, from a plug's flush, where
+	 * the target's page cache holds the range, or when no clone could be
+	 * had at once) start in a worker (a module that predates the counter
+	 * leaves it 0)
 	 */
 	__u64	remap_direct;
 	/*
