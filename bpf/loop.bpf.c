@@ -8,6 +8,11 @@
  * only sets the device up, and serves what the kernel refuses (nothing,
  * while the target is registered) and everything while no program is
  * attached.
+ *
+ * On a device with a bio-based front (hybd-loop --front), map() remaps
+ * each read and write bio there, before it becomes a request; it counts
+ * nothing, since what it passes (or the kernel passes for it) reaches
+ * submit() too.
  */
 #include "hybd.bpf.h"
 
@@ -19,6 +24,7 @@ char LICENSE[] SEC("license") = "GPL";
 __u64 remapped;		/* requests handed to the backing target */
 __u64 passed;		/* refused by the kernel: the server serves them */
 __u64 remap_errors;	/* remapped requests that completed with an error */
+__u64 mapped;		/* bios map() remapped in the front, as they end */
 
 int BPF_STRUCT_OPS(loop_submit, struct hybd_bpf_io *io)
 {
@@ -30,8 +36,17 @@ int BPF_STRUCT_OPS(loop_submit, struct hybd_bpf_io *io)
 	return HYBD_BPF_PASS;
 }
 
+int BPF_STRUCT_OPS(loop_map, struct hybd_bpf_io *io)
+{
+	if (!hybd_bpf_io_remap(io, LOOP_TARGET, io->sector * 512))
+		return HYBD_BPF_REMAPPED;
+	return HYBD_BPF_PASS;
+}
+
 void BPF_STRUCT_OPS(loop_complete, struct hybd_bpf_io *io)
 {
+	if (io->tag == HYBD_BPF_TAG_FRONT)
+		hybd_atomic_fetch_add(&mapped, 1);
 	if (io->path == HYBD_BPF_PATH_REMAP && io->result)
 		hybd_atomic_fetch_add(&remap_errors, 1);
 }
@@ -39,4 +54,5 @@ void BPF_STRUCT_OPS(loop_complete, struct hybd_bpf_io *io)
 HYBD_OPS_DEFINE(loop_ops,
 	.submit		= (void *)loop_submit,
 	.complete	= (void *)loop_complete,
+	.map		= (void *)loop_map,
 	.name		= "loop");

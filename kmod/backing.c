@@ -91,7 +91,7 @@ static DEFINE_MUTEX(hybd_stack_lock);
  */
 static bool hybd_disk_claimed(struct hybd_dev *dev, struct super_block *sb)
 {
-	struct gendisk *disk = READ_ONCE(dev->disk);
+	struct gendisk *disk = hybd_dev_bdisk(dev);
 	struct block_device *part;
 	unsigned long idx;
 	bool claimed = false;

@@ -41,17 +41,18 @@ static int hybd_rq_op(struct request *rq)
 	}
 }
 
-static u16 hybd_rq_flags(struct request *rq)
+/* The HYBD_IO_F_* a bio's or request's flags give. */
+u16 hybd_bio_flags(blk_opf_t opf)
 {
 	u16 flags = 0;
 
-	if (rq->cmd_flags & REQ_FUA)
+	if (opf & REQ_FUA)
 		flags |= HYBD_IO_F_FUA;
-	if (rq->cmd_flags & REQ_NOUNMAP)
+	if (opf & REQ_NOUNMAP)
 		flags |= HYBD_IO_F_NOUNMAP;
-	if (rq->cmd_flags & REQ_SYNC)
+	if (opf & REQ_SYNC)
 		flags |= HYBD_IO_F_SYNC;
-	if (rq->cmd_flags & REQ_META)
+	if (opf & REQ_META)
 		flags |= HYBD_IO_F_META;
 	return flags;
 }
@@ -235,6 +236,18 @@ static void hybd_count_fast(struct hybd_queue *q, struct hybd_tag *t, int ret)
 	hybd_lat_add(q, fast_lat, t->start_ns);
 }
 
+/* A read or write the front remapped has ended: count it. */
+void hybd_count_front(struct hybd_queue *q, const struct hybd_bpf_io *io,
+		      u64 start_ns)
+{
+	hybd_stat_inc(q, remapped);
+	hybd_stat_inc(q, fast_done);
+	if (io->result)
+		hybd_stat_inc(q, fast_errors);
+	hybd_count_op(q, io->op, io->flags);
+	hybd_lat_add(q, fast_lat, start_ns);
+}
+
 /* The fast path completed the request in queue_rq: count it, end it. */
 static blk_status_t hybd_end_fast(struct hybd_queue *q, struct request *rq,
 				  struct hybd_tag *t, int ret, bool last)
@@ -309,7 +322,7 @@ static blk_status_t __hybd_queue_rq(struct hybd_queue *q,
 	    blk_rq_pos(rq) + blk_rq_sectors(rq) > get_capacity(rq->q->disk))
 		return BLK_STS_IOERR;
 
-	flags = hybd_rq_flags(rq);
+	flags = hybd_bio_flags(rq->cmd_flags);
 	blk_mq_start_request(rq);
 
 	t = &q->tags[tag];

@@ -9,7 +9,11 @@
  * serves it on (hybd_bpf_io_remap(), HYBD_BPF_REMAPPED), or passes it to
  * the server (HYBD_BPF_PASS; a write it found all zero may go as a
  * write-zeroes, HYBD_BPF_PASS_ZEROES).  complete() runs for a request when
- * the server, or the remap, has finished it.
+ * the server, or the remap, has finished it.  On a device with a
+ * bio-based front, map() runs on each read and write bio first, and may
+ * only remap or pass (front.c); its io is a struct hybd_front_io's, which
+ * io->tag tells (HYBD_BPF_TAG_FRONT), and has no request to move data to
+ * or from.
  *
  * Each attach or replace makes a struct hybd_bpf_prog: the ops, the
  * generation stamped on the requests it passes, and the device it belongs
@@ -79,6 +83,12 @@ static struct hybd_tag *hybd_io_tag(struct hybd_bpf_io *io)
 	return container_of(io, struct hybd_tag, bio);
 }
 
+/* An io of the front's: a bio, no request (no payload kfuncs). */
+static bool hybd_io_front(const struct hybd_bpf_io *io)
+{
+	return io->tag == HYBD_BPF_TAG_FRONT;
+}
+
 /*
  * Whether a request's payload may be read: a write's always; a read's only
  * in complete() after the server succeeded, when it is the device's data
@@ -86,6 +96,8 @@ static struct hybd_tag *hybd_io_tag(struct hybd_bpf_io *io)
  */
 static bool hybd_io_readable(struct hybd_bpf_io *io)
 {
+	if (hybd_io_front(io))
+		return false;
 	switch (io->op) {
 	case HYBD_OP_WRITE:
 		return true;
@@ -105,13 +117,13 @@ __bpf_kfunc_start_defs();
  * Fills the whole payload: submit() may then return HYBD_BPF_DONE.
  *
  * Context: submit() or complete(); does not sleep.
- * Return: 0, or -EINVAL if @io is not a read.
+ * Return: 0, or -EINVAL if @io is not a read, or is a front's bio.
  */
 __bpf_kfunc int hybd_bpf_io_zero(struct hybd_bpf_io *io)
 {
 	struct hybd_tag *t = hybd_io_tag(io);
 
-	if (io->op != HYBD_OP_READ)
+	if (io->op != HYBD_OP_READ || hybd_io_front(io))
 		return -EINVAL;
 	hybd_rq_copy(t->rq, 0, NULL, io->bytes, true);
 	t->bpf_filled = io->bytes;
@@ -130,14 +142,15 @@ __bpf_kfunc int hybd_bpf_io_zero(struct hybd_bpf_io *io)
  * up, in order, before submit() returns HYBD_BPF_DONE for it.
  *
  * Context: submit() or complete(); does not sleep.
- * Return: 0, -EINVAL if @io is not a read, -ERANGE if out of bounds.
+ * Return: 0, -EINVAL if @io is not a read or is a front's bio, -ERANGE if
+ * out of bounds.
  */
 __bpf_kfunc int hybd_bpf_io_copy_in(struct hybd_bpf_io *io, u32 off,
 				    const void *src, u32 src__sz)
 {
 	struct hybd_tag *t = hybd_io_tag(io);
 
-	if (io->op != HYBD_OP_READ)
+	if (io->op != HYBD_OP_READ || hybd_io_front(io))
 		return -EINVAL;
 	if ((u64)off + src__sz > io->bytes)
 		return -ERANGE;
@@ -157,7 +170,7 @@ __bpf_kfunc int hybd_bpf_io_copy_in(struct hybd_bpf_io *io, u32 off,
  *
  * Context: submit() or complete(); does not sleep.
  * Return: 0, -EINVAL for a request without payload, a read in submit()
- * or a read the server failed, -ERANGE if out of bounds.
+ * or a read the server failed, a front's bio, -ERANGE if out of bounds.
  */
 __bpf_kfunc int hybd_bpf_io_copy_out(struct hybd_bpf_io *io, u32 off,
 				     void *dst, u32 dst__sz)
@@ -177,16 +190,17 @@ __bpf_kfunc int hybd_bpf_io_copy_out(struct hybd_bpf_io *io, u32 off,
  *
  * Context: submit() or complete(); does not sleep.
  * Return: 1 if every byte is zero, 0 if not, -EINVAL for a request without
- * payload, a read in submit() or a read the server failed.
+ * payload, a read in submit() or a read the server failed, a front's bio.
  */
 __bpf_kfunc int hybd_bpf_io_is_zero(struct hybd_bpf_io *io)
 {
-	struct request *rq = hybd_io_tag(io)->rq;
 	struct req_iterator iter;
+	struct request *rq;
 	struct bio_vec bv;
 
 	if (!hybd_io_readable(io))
 		return -EINVAL;
+	rq = hybd_io_tag(io)->rq;
 	rq_for_each_segment(bv, rq, iter) {
 		void *p = bvec_kmap_local(&bv);
 		bool nz = memchr_inv(p, 0, bv.bv_len);
@@ -210,8 +224,11 @@ __bpf_kfunc int hybd_bpf_io_is_zero(struct hybd_bpf_io *io)
  * untouched and the program may pass it, serve it or fail it.  Refusals
  * count in remap_refused.
  *
- * Context: submit() only; does not sleep.
- * Return: 0; -EPERM outside submit(), -EALREADY if remapped already,
+ * In map() (a front's bio), only a read or write on a block device target
+ * is taken; the kernel passes the bio otherwise.
+ *
+ * Context: submit() or map() only; does not sleep.
+ * Return: 0; -EPERM outside submit() and map(), -EALREADY if remapped already,
  * -EINVAL for an index out of range or an @offset the target's direct I/O
  * cannot take, -ENOENT if no target is registered there, -ERANGE if the
  * range passes the target's end, -EROFS for a write, discard or
@@ -220,10 +237,20 @@ __bpf_kfunc int hybd_bpf_io_is_zero(struct hybd_bpf_io *io)
 __bpf_kfunc int hybd_bpf_io_remap(struct hybd_bpf_io *io, u32 index,
 				  u64 offset)
 {
-	struct hybd_tag *t = hybd_io_tag(io);
-	struct hybd_queue *q = t->rq->mq_hctx->driver_data;
-	int ret = hybd_remap_prepare(q, t, index, offset);
+	struct hybd_front_io *f;
+	struct hybd_queue *q;
+	struct hybd_tag *t;
+	int ret;
 
+	if (hybd_io_front(io)) {
+		f = container_of(io, struct hybd_front_io, bio);
+		q = f->q;
+		ret = hybd_remap_prepare_front(f, index, offset);
+	} else {
+		t = hybd_io_tag(io);
+		q = t->rq->mq_hctx->driver_data;
+		ret = hybd_remap_prepare(q, t, index, offset);
+	}
 	if (ret)
 		hybd_stat_inc(q, remap_refused);
 	return ret;
@@ -297,7 +324,7 @@ static const struct bpf_verifier_ops hybd_verifier_ops = {
 	.btf_struct_access	= hybd_ops_btf_struct_access,
 };
 
-/* Both hooks run where sleeping is not allowed. */
+/* The hooks run where sleeping is not allowed. */
 static int hybd_ops_check_member(const struct btf_type *t,
 				 const struct btf_member *member,
 				 const struct bpf_prog *prog)
@@ -375,6 +402,7 @@ static void hybd_bpf_install(struct hybd_bpf_prog *p)
 		++dev->bpf_gen;
 	p->gen = dev->bpf_gen;
 	dev->bpf_attaches++;
+	WRITE_ONCE(dev->front_maps, !!p->ops->map);
 	list_add(&p->node, &hybd_bpf_progs);
 	rcu_assign_pointer(dev->bpf_prog, p);
 }
@@ -386,6 +414,7 @@ static void hybd_bpf_uninstall(struct hybd_bpf_prog *p)
 	list_del(&p->node);
 	WARN_ON_ONCE(rcu_access_pointer(p->dev->bpf_prog) != p);
 	RCU_INIT_POINTER(p->dev->bpf_prog, NULL);
+	WRITE_ONCE(p->dev->front_maps, false);
 }
 
 /* Free an uninstalled program once no submit() or complete() can see it. */
@@ -571,9 +600,15 @@ static void hybd_stub_complete(struct hybd_bpf_io *io)
 {
 }
 
+static int hybd_stub_map(struct hybd_bpf_io *io)
+{
+	return HYBD_BPF_PASS;
+}
+
 static struct hybd_bpf_ops hybd_bpf_stubs = {
 	.submit		= hybd_stub_submit,
 	.complete	= hybd_stub_complete,
+	.map		= hybd_stub_map,
 };
 
 static struct bpf_struct_ops hybd_bpf_struct_ops = {
@@ -754,6 +789,59 @@ void hybd_bpf_complete(struct hybd_queue *q, struct hybd_tag *t)
 		t->bio.own = t->bpf_gen && t->bpf_gen == p->gen;
 		t->bpf_data = !t->bio.result;
 		p->ops->complete(&t->bio);
+	}
+	rcu_read_unlock();
+}
+
+/**
+ * hybd_bpf_map() - run the attached program's map() on a front's bio
+ * @dev: the device
+ * @f: the bio, with f->bio set
+ *
+ * Context: the front's submit_bio, under RCU.
+ * Return: HYBD_BPF_REMAPPED with f->target set and remap_srcu held, or
+ * HYBD_BPF_PASS (also without a program or a map()); a return value
+ * outside map()'s contract passes the bio and counts in bpf_bad_ret.
+ */
+int hybd_bpf_map(struct hybd_dev *dev, struct hybd_front_io *f)
+{
+	struct hybd_bpf_prog *p = rcu_dereference(dev->bpf_prog);
+	int ret;
+
+	if (!p || !p->ops->map)
+		return HYBD_BPF_PASS;
+	f->bpf_gen = p->gen;
+	f->in_map = true;
+	ret = p->ops->map(&f->bio);
+	f->in_map = false;
+	if (ret == HYBD_BPF_REMAPPED && f->target)
+		return ret;
+	/* a remap the program did not go on with */
+	if (f->target) {
+		hybd_front_drop(dev, f);
+		srcu_up_read(&dev->remap_srcu, f->srcu_idx);
+	}
+	if (ret != HYBD_BPF_PASS)
+		hybd_stat_inc(f->q, bpf_bad_ret);
+	return HYBD_BPF_PASS;
+}
+
+/**
+ * hybd_bpf_complete_front() - run complete() for a remap map() made
+ * @dev: the device
+ * @f: the bio; f->bio.result holds its status
+ *
+ * Context: the target's completion (any context).
+ */
+void hybd_bpf_complete_front(struct hybd_dev *dev, struct hybd_front_io *f)
+{
+	struct hybd_bpf_prog *p;
+
+	rcu_read_lock();
+	p = rcu_dereference(dev->bpf_prog);
+	if (p && p->ops->complete) {
+		f->bio.own = f->bpf_gen == p->gen;
+		p->ops->complete(&f->bio);
 	}
 	rcu_read_unlock();
 }

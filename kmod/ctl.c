@@ -70,7 +70,7 @@ static long hybd_ctl_features(void __user *arg)
 		     HYBD_F_BACKING | HYBD_F_RESIZE | HYBD_F_UNPRIVILEGED;
 	if (hybd_bpf_ready)
 		f.features |= HYBD_F_BPF | HYBD_F_PASS_ZEROES | HYBD_F_REMAP |
-			      HYBD_F_REMAP_POLL;
+			      HYBD_F_REMAP_POLL | HYBD_F_BIO_FRONT;
 	return hybd_copy_out(arg, &f, sizeof(f));
 }
 

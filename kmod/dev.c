@@ -74,7 +74,8 @@ static void hybd_dev_free(struct kref *ref)
  */
 bool hybd_dev_owns_disk(struct hybd_dev *dev, struct gendisk *disk)
 {
-	return disk->fops == &hybd_bdev_fops && disk->private_data == dev;
+	return (disk->fops == &hybd_bdev_fops && disk->private_data == dev) ||
+	       hybd_front_is(dev, disk);
 }
 
 void hybd_dev_put(struct hybd_dev *dev)
@@ -350,8 +351,9 @@ static void hybd_set_limits(struct hybd_dev *dev, struct queue_limits *lim)
 static void hybd_dev_start_work(struct work_struct *work)
 {
 	struct hybd_dev *dev = container_of(work, struct hybd_dev, start_work);
+	bool front = dev->params.basic.flags & HYBD_DEV_F_BIO_FRONT;
+	struct gendisk *disk, *fdisk = NULL;
 	struct queue_limits lim = { };
-	struct gendisk *disk;
 	int ret = 0;
 
 	spin_lock(&dev->state_lock);
@@ -376,11 +378,47 @@ static void hybd_dev_start_work(struct work_struct *work)
 	/* a user's content: no partition table parsed from it */
 	if (dev->unpriv)
 		disk->flags |= GENHD_FL_NO_PART;
+	if (front) {
+		/*
+		 * Behind a front: hybdNq, no node, no partitions, no uevents;
+		 * only the front sends it bios.
+		 */
+		fdisk = hybd_front_alloc(dev, &lim);
+		if (IS_ERR(fdisk)) {
+			ret = PTR_ERR(fdisk);
+			put_disk(disk);
+			goto out;
+		}
+		snprintf(fdisk->disk_name, DISK_NAME_LEN, HYBD_DISK_NAME_FMT,
+			 dev->id);
+		strlcat(disk->disk_name, "q", DISK_NAME_LEN);
+		disk->flags |= GENHD_FL_HIDDEN;
+		set_capacity(fdisk, get_capacity(disk));
+		if (!(dev->params.basic.ops & HYBD_OPF_WRITE))
+			set_disk_ro(fdisk, true);
+	}
 
-	ret = device_add_disk(NULL, disk, hybd_disk_groups);
+	ret = device_add_disk(NULL, disk, front ? NULL : hybd_disk_groups);
 	if (ret) {
 		put_disk(disk);
+		if (fdisk)
+			put_disk(fdisk);
 		goto out;
+	}
+	/*
+	 * The front's bios go to the disk behind it from here: set before
+	 * the front's add scans its partitions through it.
+	 */
+	if (fdisk) {
+		WRITE_ONCE(dev->disk, disk);
+		ret = device_add_disk(NULL, fdisk, hybd_disk_groups);
+		if (ret) {
+			put_disk(fdisk);
+			WRITE_ONCE(dev->disk, NULL);
+			del_gendisk(disk);
+			put_disk(disk);
+			goto out;
+		}
 	}
 	/*
 	 * A delete waits for this work before it looks at dev->disk; a
@@ -389,6 +427,7 @@ static void hybd_dev_start_work(struct work_struct *work)
 	 */
 	spin_lock(&dev->state_lock);
 	dev->disk = disk;
+	dev->front = fdisk;
 	if (dev->state == HYBD_STATE_ADDED)
 		dev->state = HYBD_STATE_LIVE;
 	else if (dev->state == HYBD_STATE_DELETING)
@@ -710,14 +749,25 @@ bool hybd_dev_server_gone(struct hybd_dev *dev)
 static void hybd_dev_del_work(struct work_struct *work)
 {
 	struct hybd_dev *dev = container_of(work, struct hybd_dev, del_work);
-	struct gendisk *disk;
+	struct gendisk *disk, *front;
 
 	/* a start finishes first: it may be adding the disk right now */
 	flush_work(&dev->start_work);
 	spin_lock(&dev->state_lock);
 	disk = dev->disk;
+	front = dev->front;
 	spin_unlock(&dev->state_lock);
 
+	/*
+	 * The front goes first, while the disk behind it still serves what
+	 * it writes back.  Its queue is held only within submit_bio, not
+	 * until a remap ends: the remaps it started end before the device
+	 * can be freed (and before the front's iostats go).
+	 */
+	if (front) {
+		del_gendisk(front);
+		synchronize_srcu(&dev->remap_srcu);
+	}
 	if (disk)
 		del_gendisk(disk);
 	hybd_dev_kill(dev);
@@ -728,8 +778,11 @@ static void hybd_dev_del_work(struct work_struct *work)
 	if (disk) {
 		spin_lock(&dev->state_lock);
 		dev->disk = NULL;
+		dev->front = NULL;
 		spin_unlock(&dev->state_lock);
 		put_disk(disk);
+		if (front)
+			put_disk(front);
 	}
 	blk_mq_free_tag_set(&dev->tag_set);
 	hybd_dev_del_srv_node(dev);

@@ -13,6 +13,7 @@
  *   bpf.c      the fast path: struct_ops and kfuncs
  *   backing.c  backing targets a server registers (HYBD_SRV_ADD_BACKING)
  *   remap.c    requests the fast path remapped, served on those targets
+ *   front.c    the bio-based front (HYBD_DEV_F_BIO_FRONT): map() on bios
  */
 #ifndef _HYBD_H
 #define _HYBD_H
@@ -124,6 +125,38 @@ struct hybd_remap {
 	struct work_struct	work;
 };
 
+/**
+ * struct hybd_front_io - a read or write bio in the front (front.c)
+ * @bio: what map() and complete() see
+ * @dev: the device
+ * @q: the submitting CPU's queue, for the counters
+ * @target: hybd_bpf_io_remap()'s target, referenced, or NULL
+ * @pos: byte offset in @target
+ * @srcu_idx: dev->remap_srcu, held while @target is set, until the end
+ * @bpf_gen: the generation of the program whose map() ran
+ * @in_map: map() runs: remap is allowed
+ * @acct: iostats started, at @acct_start
+ * @acct_start: bio_start_io_acct()'s
+ * @start_ns: for the fast path's latency histogram
+ * @orig: the bio
+ * @clone: its clone on @target; last, the bioset's front_pad is the rest
+ */
+struct hybd_front_io {
+	struct hybd_bpf_io	bio;
+	struct hybd_dev		*dev;
+	struct hybd_queue	*q;
+	struct hybd_backing	*target;
+	u64			pos;
+	int			srcu_idx;
+	u32			bpf_gen;
+	bool			in_map;
+	bool			acct;
+	unsigned long		acct_start;
+	u64			start_ns;
+	struct bio		*orig;
+	struct bio		clone;
+};
+
 struct hybd_tag {
 	struct request	*rq;
 	u64		seq;
@@ -156,7 +189,7 @@ struct hybd_queue_stats {
 	u64 timed_out;
 	u64 held, reissued;
 	u64 remapped, remap_refused, remap_waited, remap_direct;
-	u64 remap_runs, remap_polled;
+	u64 remap_runs, remap_polled, remap_front;
 	u64 fast_lat[HYBD_LAT_BUCKETS];
 	u64 slow_lat[HYBD_LAT_BUCKETS];
 };
@@ -270,6 +303,11 @@ struct hybd_dev {
 	unsigned long		recovery_deadline;	/* jiffies */
 	u32			recoveries;
 	struct gendisk		*disk;		/* set once add_disk() is done */
+	/*
+	 * HYBD_DEV_F_BIO_FRONT: the bio-based disk in front of @disk, which
+	 * is then hidden; set with @disk
+	 */
+	struct gendisk		*front;
 
 	/*
 	 * add_disk() and del_gendisk() run in works on hybd_wq, so that the
@@ -334,6 +372,8 @@ struct hybd_dev {
 	u32			bpf_attaches;
 	bool			bpf_gone;	/* deleted: takes no program */
 	bool			bpf_blocked;	/* being shrunk: takes none */
+	/* the program has a map(): the front runs it */
+	bool			front_maps;
 
 	/* resizes (resize.c), one at a time */
 	struct mutex		resize_lock;
@@ -377,6 +417,12 @@ int hybd_dev_delete(struct hybd_dev *dev, u32 flags, bool killable);
 void hybd_dev_put(struct hybd_dev *dev);
 bool hybd_dev_owns_disk(struct hybd_dev *dev, struct gendisk *disk);
 
+/* The disk users open: the front if there is one; NULL until started. */
+static inline struct gendisk *hybd_dev_bdisk(struct hybd_dev *dev)
+{
+	return READ_ONCE(dev->front) ?: READ_ONCE(dev->disk);
+}
+
 /* params.c */
 int hybd_params_check(struct hybd_params *p, u32 *err_param);
 
@@ -393,6 +439,9 @@ struct hybd_reissue {
 };
 int hybd_queue_resume(struct hybd_queue *q, struct hybd_reissue *list);
 void hybd_rq_copy(struct request *rq, u32 off, void *buf, u32 len, bool to_rq);
+u16 hybd_bio_flags(blk_opf_t opf);
+void hybd_count_front(struct hybd_queue *q, const struct hybd_bpf_io *io,
+		      u64 start_ns);
 
 /* bpf.c */
 int hybd_bpf_init(void);
@@ -401,6 +450,16 @@ int hybd_bpf_block(struct hybd_dev *dev, bool block);
 int hybd_bpf_submit(struct hybd_queue *q, struct hybd_tag *t);
 void hybd_bpf_complete(struct hybd_queue *q, struct hybd_tag *t);
 void hybd_bpf_fill_info(struct hybd_dev *dev, struct hybd_dev_info *info);
+int hybd_bpf_map(struct hybd_dev *dev, struct hybd_front_io *f);
+void hybd_bpf_complete_front(struct hybd_dev *dev, struct hybd_front_io *f);
+
+/* front.c */
+int hybd_front_init(void);
+void hybd_front_exit(void);
+bool hybd_front_is(struct hybd_dev *dev, struct gendisk *disk);
+struct gendisk *hybd_front_alloc(struct hybd_dev *dev,
+				 struct queue_limits *lim);
+void hybd_front_drop(struct hybd_dev *dev, struct hybd_front_io *f);
 
 static inline unsigned int hybd_lat_bucket(u64 start_ns)
 {
@@ -455,6 +514,7 @@ void hybd_remap_issue(struct hybd_queue *q, struct hybd_tag *t);
 int hybd_remap_init(void);
 void hybd_remap_exit(void);
 int hybd_remap_end(struct hybd_queue *q, struct request *rq);
+int hybd_remap_prepare_front(struct hybd_front_io *f, u32 index, u64 offset);
 
 /* ring.c */
 extern const struct file_operations hybd_srv_fops;

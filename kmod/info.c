@@ -49,6 +49,7 @@ void hybd_queue_stat_add(struct hybd_queue *q, struct hybd_queue_stat *dst)
 		s->remap_direct += qs->remap_direct;
 		s->remap_runs += qs->remap_runs;
 		s->remap_polled += qs->remap_polled;
+		s->remap_front += qs->remap_front;
 		for (i = 0; i < HYBD_LAT_BUCKETS; i++) {
 			dst->fast_lat[i] += qs->fast_lat[i];
 			dst->slow_lat[i] += qs->slow_lat[i];
@@ -75,9 +76,12 @@ void hybd_dev_fill_info(struct hybd_dev *dev, struct hybd_dev_info *info)
 	info->state = dev->state;
 	/* the pid as the caller's namespace sees it (0 if it cannot) */
 	info->server_pid = dev->server_open ? pid_vnr(dev->server_pid) : 0;
+	/* the disk users open: the front, if there is one */
 	if (dev->disk) {
-		info->disk_major = dev->disk->major;
-		info->disk_minor = dev->disk->first_minor;
+		struct gendisk *disk = dev->front ?: dev->disk;
+
+		info->disk_major = disk->major;
+		info->disk_minor = disk->first_minor;
 	}
 	info->recoveries = dev->recoveries;
 	info->no_server_ns = dev->no_server_ns;

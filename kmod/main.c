@@ -190,14 +190,19 @@ static int __init hybd_init(void)
 	ret = hybd_remap_init();
 	if (ret)
 		goto out_class;
+	ret = hybd_front_init();
+	if (ret)
+		goto out_remap;
 
 	ret = hybd_ctl_init();
 	if (ret)
-		goto out_remap;
+		goto out_front;
 
 	pr_info("loaded: version %s, ABI %u\n", HYBD_VERSION, HYBD_ABI_VERSION);
 	return 0;
 
+out_front:
+	hybd_front_exit();
 out_remap:
 	hybd_remap_exit();
 out_class:
@@ -220,6 +225,7 @@ static void __exit hybd_exit(void)
 	hybd_delete_all();
 	/* the tails of the last start and delete works */
 	destroy_workqueue(hybd_wq);
+	hybd_front_exit();
 	hybd_remap_exit();
 	class_destroy(hybd_class);
 	unregister_chrdev_region(hybd_srv_devt, HYBD_MAX_DEVICES);

@@ -132,7 +132,8 @@ static struct hybd_user *hybd_user_find(kuid_t uid)
  * issued it: udev, a mount) for ever.
  *
  * Return: 0, or -EPERM (no CAP_SYS_ADMIN and not HYBD_DEV_F_UNPRIVILEGED,
- * HYBD_DEV_F_REMAP_POLL on an unprivileged device, or a timeout beyond
+ * HYBD_DEV_F_REMAP_POLL or HYBD_DEV_F_BIO_FRONT on an unprivileged device,
+ * or a timeout beyond
  * the limit: *@err names it).
  */
 int hybd_owner_check(struct hybd_params *p, u32 *err)
@@ -146,8 +147,12 @@ int hybd_owner_check(struct hybd_params *p, u32 *err)
 		*err = HYBD_PERR_FLAGS;
 		return -EPERM;
 	}
-	/* kernel threads' CPU, which no limit of the owner's would bound */
-	if (b->flags & HYBD_DEV_F_REMAP_POLL) {
+	/*
+	 * Kernel threads' CPU, which no limit of the owner's would bound; a
+	 * front serves only what an administrator's program maps, and a
+	 * second disk is more of the kernel's for a user to drive.
+	 */
+	if (b->flags & (HYBD_DEV_F_REMAP_POLL | HYBD_DEV_F_BIO_FRONT)) {
 		*err = HYBD_PERR_FLAGS;
 		return -EPERM;
 	}

@@ -61,22 +61,75 @@ long hybd_remap_barrier(struct hybd_dev *dev)
 }
 
 /*
- * Whether direct I/O on @b can take @rq's pages as they are: every
- * segment's address and length aligned as the target needs.  (The queue
- * guarantees sectors; a target with 4 KiB blocks needs more.)
+ * Whether direct I/O on @b can take the pages of @bio and the bios
+ * chained after it (a request's) as they are: every segment's address and
+ * length aligned as the target needs.  (The queue guarantees sectors; a
+ * target with 4 KiB blocks needs more.)
  */
-static bool hybd_remap_mem_ok(struct request *rq, struct hybd_backing *b)
+static bool hybd_remap_mem_ok(struct bio *bio, struct hybd_backing *b)
 {
 	u32 mem_mask = b->mem_align - 1, len_mask = b->dio_align - 1;
-	struct req_iterator it;
+	struct bvec_iter it;
 	struct bio_vec bv;
 
 	if (mem_mask < SECTOR_SIZE && len_mask < SECTOR_SIZE)
 		return true;
-	rq_for_each_bvec(bv, rq, it)
-		if ((bv.bv_offset & mem_mask) || (bv.bv_len & len_mask))
-			return false;
+	for (; bio; bio = bio->bi_next)
+		bio_for_each_bvec(bv, bio, it)
+			if ((bv.bv_offset & mem_mask) ||
+			    (bv.bv_len & len_mask))
+				return false;
 	return true;
+}
+
+/*
+ * The checks of a remap of @io, on @bio and those chained after it, to
+ * target @index at @offset: 0 with the target referenced (and counted
+ * as a writer for what writes) in *@bp, else an errno (see
+ * hybd_remap_prepare()).
+ */
+static int hybd_remap_take(struct hybd_dev *dev, const struct hybd_bpf_io *io,
+			   struct bio *bio, u32 index, u64 offset,
+			   struct hybd_backing **bp)
+{
+	struct hybd_backing *b;
+	u64 size;
+	int ret = -EINVAL;
+
+	if (index >= HYBD_MAX_BACKINGS)
+		return -EINVAL;
+	b = rcu_dereference(dev->backing[index]);
+	/* a delete took it off meanwhile and let go of the last reference */
+	if (!b || !kref_get_unless_zero(&b->ref))
+		return -ENOENT;
+	if (io->op != HYBD_OP_FLUSH) {
+		/* io->bytes is whole device blocks, which @b can take */
+		if (!IS_ALIGNED(offset, b->dio_align))
+			goto out_put;
+		if (hybd_remap_is_rw(io->op) && !hybd_remap_mem_ok(bio, b))
+			goto out_put;
+		/*
+		 * A file may have grown since (a store appends); one that
+		 * shrank reads as zeros past its end, up to the size it had.
+		 */
+		size = b->size;
+		if (!b->bdev)
+			size = max_t(u64, size, i_size_read(file_inode(b->file)));
+		ret = -ERANGE;
+		if (offset > size || io->bytes > size - offset)
+			goto out_put;
+		ret = -EROFS;
+		if (io->op != HYBD_OP_READ &&
+		    !(b->flags & HYBD_BACKING_F_WRITE))
+			goto out_put;
+	}
+	if (hybd_remap_writes(io->op))
+		atomic_inc(&b->writers);
+	*bp = b;
+	return 0;
+out_put:
+	hybd_backing_put(b);
+	return ret;
 }
 
 /**
@@ -98,52 +151,45 @@ static bool hybd_remap_mem_ok(struct request *rq, struct hybd_backing *b)
 int hybd_remap_prepare(struct hybd_queue *q, struct hybd_tag *t, u32 index,
 		       u64 offset)
 {
-	const struct hybd_bpf_io *io = &t->bio;
-	struct hybd_backing *b;
-	u64 size;
-	int ret = -EINVAL;
+	int ret;
 
 	if (!t->in_submit)
 		return -EPERM;
 	if (t->remap.target)
 		return -EALREADY;
-	if (index >= HYBD_MAX_BACKINGS)
-		return -EINVAL;
-	b = rcu_dereference(q->dev->backing[index]);
-	/* a delete took it off meanwhile and let go of the last reference */
-	if (!b || !kref_get_unless_zero(&b->ref))
-		return -ENOENT;
-	if (io->op != HYBD_OP_FLUSH) {
-		/* io->bytes is whole device blocks, which @b can take */
-		if (!IS_ALIGNED(offset, b->dio_align))
-			goto out_put;
-		if (hybd_remap_is_rw(io->op) &&
-		    !hybd_remap_mem_ok(t->rq, b))
-			goto out_put;
-		/*
-		 * A file may have grown since (a store appends); one that
-		 * shrank reads as zeros past its end, up to the size it had.
-		 */
-		size = b->size;
-		if (!b->bdev)
-			size = max_t(u64, size, i_size_read(file_inode(b->file)));
-		ret = -ERANGE;
-		if (offset > size || io->bytes > size - offset)
-			goto out_put;
-		ret = -EROFS;
-		if (io->op != HYBD_OP_READ &&
-		    !(b->flags & HYBD_BACKING_F_WRITE))
-			goto out_put;
-	}
-	if (hybd_remap_writes(io->op))
-		atomic_inc(&b->writers);
-	t->remap.target = b;
+	ret = hybd_remap_take(q->dev, &t->bio, t->rq->bio, index, offset,
+			      &t->remap.target);
+	if (ret)
+		return ret;
 	t->remap.pos = offset;
 	t->remap.srcu_idx = srcu_down_read(&q->dev->remap_srcu);
 	return 0;
-out_put:
-	hybd_backing_put(b);
-	return ret;
+}
+
+/**
+ * hybd_remap_prepare_front() - hybd_remap_prepare() for a bio in the front
+ * @f: the bio; map() runs for it
+ * @index: the target
+ * @offset: byte offset on the target
+ *
+ * Context: map(), under RCU.
+ * Return: as hybd_remap_prepare(); -EPERM outside map().
+ */
+int hybd_remap_prepare_front(struct hybd_front_io *f, u32 index, u64 offset)
+{
+	int ret;
+
+	if (!f->in_map)
+		return -EPERM;
+	if (f->target)
+		return -EALREADY;
+	ret = hybd_remap_take(f->dev, &f->bio, f->orig, index, offset,
+			      &f->target);
+	if (ret)
+		return ret;
+	f->pos = offset;
+	f->srcu_idx = srcu_down_read(&f->dev->remap_srcu);
+	return 0;
 }
 
 /**

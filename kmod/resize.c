@@ -183,7 +183,7 @@ static int hybd_resize_ask(struct hybd_dev *dev, u64 size)
  */
 int hybd_dev_resize(struct hybd_dev *dev, u64 size, bool ask)
 {
-	struct gendisk *disk = NULL;
+	struct gendisk *disk = NULL, *front = NULL;
 	bool shrink;
 	u64 old;
 	int ret;
@@ -200,6 +200,7 @@ int hybd_dev_resize(struct hybd_dev *dev, u64 size, bool ask)
 	switch (dev->state) {
 	case HYBD_STATE_LIVE:
 		disk = dev->disk;
+		front = dev->front;
 		ret = disk ? 0 : -EAGAIN;
 		break;
 	case HYBD_STATE_ADDED:
@@ -211,8 +212,11 @@ int hybd_dev_resize(struct hybd_dev *dev, u64 size, bool ask)
 		break;
 	}
 	/* a delete may put the disk meanwhile: keep it until we are done */
-	if (!ret)
+	if (!ret) {
 		get_device(disk_to_dev(disk));
+		if (front)
+			get_device(disk_to_dev(front));
+	}
 	spin_unlock(&dev->state_lock);
 	if (ret)
 		goto out_unlock;
@@ -237,29 +241,53 @@ int hybd_dev_resize(struct hybd_dev *dev, u64 size, bool ask)
 		if (ret)
 			goto out_unblock;
 	}
-	if (shrink) {
-		ret = hybd_resize_freeze(disk->queue, hybd_resize_timeout(dev));
+	if (shrink && front) {
+		/*
+		 * No bio in the front, and none of the remaps it started
+		 * (the program is off: it maps no more), before the disk
+		 * behind it drains.
+		 */
+		ret = hybd_resize_freeze(front->queue,
+					 hybd_resize_timeout(dev));
 		if (ret)
 			goto out_unblock;
+		synchronize_srcu(&dev->remap_srcu);
+	}
+	if (shrink) {
+		ret = hybd_resize_freeze(disk->queue, hybd_resize_timeout(dev));
+		if (ret) {
+			if (front)
+				blk_mq_unfreeze_queue(front->queue);
+			goto out_unblock;
+		}
 	}
 	/* the server may have gone meanwhile: its successor was not asked */
 	spin_lock(&dev->state_lock);
 	ret = hybd_resize_not_live(dev);
-	if (!ret)	/* nothing in flight beyond the new end, when a shrink */
+	if (!ret) {	/* nothing in flight beyond the new end, when a shrink */
+		/* behind first: what the front takes, it can take */
 		set_capacity(disk, size >> SECTOR_SHIFT);
+		if (front)
+			set_capacity(front, size >> SECTOR_SHIFT);
+	}
 	spin_unlock(&dev->state_lock);
-	if (shrink)
+	if (shrink) {
 		blk_mq_unfreeze_queue(disk->queue);
+		if (front)
+			blk_mq_unfreeze_queue(front->queue);
+	}
 	if (ret)
 		goto out_unblock;
 	hybd_resize_publish(dev, size);
-	hybd_resize_uevent(disk);
+	hybd_resize_uevent(front ?: disk);
 	pr_info_ratelimited("hybd%u: resized from %llu to %llu bytes\n",
 			    dev->id, old, size);
 out_unblock:
 	if (shrink)
 		hybd_bpf_block(dev, false);
 out_put:
+	if (front)
+		put_device(disk_to_dev(front));
 	put_device(disk_to_dev(disk));
 out_unlock:
 	mutex_unlock(&dev->resize_lock);

@@ -78,6 +78,10 @@ static int flags_errmsg(char *buf, size_t size,
 		return snprintf(buf, size,
 				"device flags 0x%x: polling remap workers (HYBD_DEV_F_REMAP_POLL) need kernel feature remap_poll",
 				b->flags);
+	if ((b->flags & HYBD_DEV_F_BIO_FRONT) && err == -EOPNOTSUPP)
+		return snprintf(buf, size,
+				"device flags 0x%x: a bio-based front (HYBD_DEV_F_BIO_FRONT) needs kernel feature bio_front",
+				b->flags);
 	if ((b->flags & HYBD_DEV_F_ZERO_WRITES) &&
 	    !(b->ops & HYBD_OPF_WRITE_ZEROES))
 		return snprintf(buf, size,
@@ -92,6 +96,11 @@ static int flags_errmsg(char *buf, size_t size,
 	    (b->flags & HYBD_DEV_F_REMAP_POLL))
 		return snprintf(buf, size,
 				"device flags 0x%x: an unprivileged device's remap workers may not poll (HYBD_DEV_F_REMAP_POLL)",
+				b->flags);
+	if ((b->flags & HYBD_DEV_F_UNPRIVILEGED) &&
+	    (b->flags & HYBD_DEV_F_BIO_FRONT))
+		return snprintf(buf, size,
+				"device flags 0x%x: an unprivileged device may not have a bio-based front (HYBD_DEV_F_BIO_FRONT)",
 				b->flags);
 	return snprintf(buf, size, "device flags 0x%x: refused by the kernel",
 			b->flags);

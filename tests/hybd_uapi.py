@@ -29,11 +29,11 @@ F_RINGS, F_POLL, F_SEQ_CHECK, F_BPF = 1, 2, 4, 8
 F_IO_TIMEOUT, F_DEL_FORCE = 16, 32
 F_EVENTFD, F_QUEUE_CPUS, F_MEM_INFO, F_PASS_ZEROES = 64, 128, 256, 512
 F_RECOVERY, F_BACKING, F_REMAP, F_RESIZE = 1024, 2048, 4096, 8192
-F_UNPRIVILEGED, F_REMAP_POLL = 16384, 32768
+F_UNPRIVILEGED, F_REMAP_POLL, F_BIO_FRONT = 16384, 32768, 65536
 F_KNOWN = (F_RINGS | F_POLL | F_SEQ_CHECK | F_BPF | F_IO_TIMEOUT |
            F_DEL_FORCE | F_EVENTFD | F_QUEUE_CPUS | F_MEM_INFO |
            F_PASS_ZEROES | F_RECOVERY | F_BACKING | F_REMAP | F_RESIZE |
-           F_UNPRIVILEGED | F_REMAP_POLL)
+           F_UNPRIVILEGED | F_REMAP_POLL | F_BIO_FRONT)
 MAX_BACKINGS = 16
 BACKING_F_WRITE = 1
 SRV_BACKING_FMT = "<IiIIQII2Q"      # struct hybd_srv_backing, 48
@@ -52,6 +52,7 @@ DEV_F_ZERO_WRITES = 2
 DEV_F_RESIZE = 4
 DEV_F_UNPRIVILEGED = 8
 DEV_F_REMAP_POLL = 16
+DEV_F_BIO_FRONT = 32
 PARAM_BASIC, PARAM_DISCARD = 1, 2
 
 # enum hybd_param_err
@@ -89,7 +90,7 @@ STATS_FIELDS = (
     "rej_bad_result", "rej_ring_index", "bpf_bad_ret", "timed_out",
     "bpf_unfilled", "bpf_pass_zeroes", "held", "reissued", "remapped",
     "remap_refused", "remap_waited", "remap_direct", "remap_runs",
-    "remap_polled",
+    "remap_polled", "remap_front",
 )
 
 SIZES = {

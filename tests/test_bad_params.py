@@ -158,7 +158,7 @@ RAW_ADD_CASES = [
     ("ops-without-read", dict(b=B(ops=u.OPF_WRITE)), EINVAL, u.PERR_OPS),
     ("flush-without-write-cache", dict(b=B(ops=RW | u.OPF_FLUSH)), EINVAL, u.PERR_OPS),
     ("fua-without-write-cache", dict(b=B(ops=RW | u.OPF_FUA)), EINVAL, u.PERR_OPS),
-    ("flags-unknown-bit", dict(b=B(flags=1 << 5)), EOPNOTSUPP, u.PERR_FLAGS),
+    ("flags-unknown-bit", dict(b=B(flags=1 << 6)), EOPNOTSUPP, u.PERR_FLAGS),
     ("zero-writes-without-write-zeroes", dict(b=B(flags=u.DEV_F_ZERO_WRITES)),
      EINVAL, u.PERR_FLAGS),
     ("write-cache-without-flush", dict(b=B(flags=u.DEV_F_WRITE_CACHE)), EINVAL,

@@ -179,6 +179,14 @@ with u.Control() as ctl:
     print(e, p)
 """)
         assert out.split() == [str(errno.EPERM), str(uapi.PERR_FLAGS)], out
+        # a bio-based front: a second disk, for an administrator's map()
+        out = raw_as(USER, """
+with u.Control() as ctl:
+    e, _, p = u.add(ctl, b=u.basic(flags=u.DEV_F_UNPRIVILEGED |
+                                   u.DEV_F_BIO_FRONT))
+    print(e, p)
+""")
+        assert out.split() == [str(errno.EPERM), str(uapi.PERR_FLAGS)], out
         # the owner deletes its own
         for dev_id in made:
             rc, _, err = hybdctl_as(USER, "del", str(dev_id))

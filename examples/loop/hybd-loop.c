@@ -6,7 +6,7 @@
  *   hybd-loop [--queues N] [--depth N] [--max-io BYTES] [--buffered]
  *             [--block-size BYTES] [--io-timeout SECONDS] [--id N]
  *             [--bpf PROG.bpf.o] [--recovery SECONDS] [--attach]
- *             [--remap[=ro]] [--poll-ns NS] [--always-uring] FILE
+ *             [--remap[=ro]] [--poll-ns NS] [--front] [--always-uring] FILE
  *
  * The device has FILE's size (a multiple of 4 KiB); FILE is a regular file
  * or a block device (which takes no discards).  It prints "ready
@@ -56,6 +56,12 @@
  * (HYBD_DEV_F_REMAP_POLL; they poll only while their CPU has nothing else
  * to run).  It spends CPU to spare
  * submitters the wakeup of a sleeping worker.
+ *
+ * --front gives the device a bio-based front (HYBD_DEV_F_BIO_FRONT): with
+ * --remap on a block device and loop.bpf.o, whose map() remaps every read
+ * and write, /dev/hybdN clones each bio onto FILE as dm-linear would,
+ * without a request of its own; the rest goes to the request-based disk
+ * behind it (hybdNq) as before.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -439,7 +445,7 @@ static const char usage[] =
 	"usage: hybd-loop [--queues N] [--depth N] [--max-io BYTES] [--buffered]\n"
 	"                 [--block-size BYTES] [--io-timeout SECONDS] [--id N]\n"
 	"                 [--bpf PROG.bpf.o] [--recovery SECONDS] [--attach]\n"
-	"                 [--remap[=ro]] [--poll-ns NS] [--always-uring] FILE\n";
+	"                 [--remap[=ro]] [--poll-ns NS] [--front] [--always-uring] FILE\n";
 
 static uint64_t number(const char *name, const char *s)
 {
@@ -485,6 +491,7 @@ int main(int argc, char **argv)
 		{ "block-size", required_argument, NULL, 'l' },
 		{ "always-uring", no_argument, NULL, 'U' },
 		{ "poll-ns", required_argument, NULL, 'P' },
+		{ "front", no_argument, NULL, 'F' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -521,6 +528,7 @@ int main(int argc, char **argv)
 			break;
 		case 'l': cfg.logical_block_size = number(name, optarg); break;
 		case 'P': cfg.poll_ns = nanoseconds(name, optarg); break;
+		case 'F': cfg.flags |= HYBD_DEV_F_BIO_FRONT; break;
 		case 'h': fputs(usage, stdout); return 0;
 		default: fputs(usage, stderr); return 2;
 		}

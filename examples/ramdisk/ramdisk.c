@@ -7,7 +7,7 @@
  *           [--io-timeout SECONDS] [--max-write-zeroes BYTES]
  *           [--zero-writes] [--bpf PROG.bpf.o] [--backing FILE | --null]
  *           [--recovery SECONDS] [--attach] [--queue-affinity]
- *           [--max-size BYTES]
+ *           [--max-size BYTES] [--front]
  *
  * It creates /dev/hybdN, prints "ready /dev/hybdN" once the disk exists and
  * serves it until SIGINT or SIGTERM.  Then it deletes the device (the
@@ -42,6 +42,10 @@
  * by default: it may only shrink).  The memory is reserved, not used,
  * until written; a --backing FILE grows and shrinks with the disk.  What
  * a shrink cut off reads as zeros when a grow brings it back.
+ *
+ * --front gives the disk a bio-based front (HYBD_DEV_F_BIO_FRONT): a
+ * program's map() may remap bios there; what it passes, and everything
+ * without a program, reaches this server as before.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -258,7 +262,7 @@ static const char usage[] =
 	"               [--io-timeout SECONDS] [--max-write-zeroes BYTES]\n"
 	"               [--zero-writes] [--bpf PROG.bpf.o] [--backing FILE | --null]\n"
 	"               [--recovery SECONDS] [--attach] [--queue-affinity]\n"
-	"               [--max-size BYTES]\n";
+	"               [--max-size BYTES] [--front]\n";
 
 static const char *bpf_path;	/* --bpf */
 static const char *backing;	/* --backing */
@@ -290,6 +294,7 @@ static void parse_args(int argc, char **argv, struct hybd_config *cfg)
 		/* workers on their queues' CPUs (the placement before 1.8) */
 		{ "queue-affinity", no_argument, NULL, 'Q' },
 		{ "max-size", required_argument, NULL, 'X' },
+		{ "front", no_argument, NULL, 'F' },
 		{ NULL, 0, NULL, 0 },
 	};
 	int c, i = 0;
@@ -319,6 +324,7 @@ static void parse_args(int argc, char **argv, struct hybd_config *cfg)
 		case 'N': null_mode = true; break;
 		case 'Q': cfg->lib_flags |= HYBD_CFG_QUEUE_AFFINITY; break;
 		case 'X': max_size = number(name, optarg, UINT64_MAX); break;
+		case 'F': cfg->flags |= HYBD_DEV_F_BIO_FRONT; break;
 		case 'W':
 			/* nothing cached: no flush, no FUA */
 			cfg->flags &= ~HYBD_DEV_F_WRITE_CACHE;

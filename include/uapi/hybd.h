@@ -113,6 +113,11 @@
 #define HYBD_F_UNPRIVILEGED	(1ULL << 14)
 /* HYBD_DEV_F_REMAP_POLL (offered with HYBD_F_REMAP) */
 #define HYBD_F_REMAP_POLL	(1ULL << 15)
+/*
+ * HYBD_DEV_F_BIO_FRONT, hybd_bpf_ops.map and the remap_front counter
+ * (offered with HYBD_F_REMAP)
+ */
+#define HYBD_F_BIO_FRONT	(1ULL << 16)
 
 /*
  * Supported operations (hybd_param_basic.ops).  READ is mandatory; a
@@ -179,7 +184,21 @@
  * without the BPF fast path (no remaps), it does nothing.
  */
 #define HYBD_DEV_F_REMAP_POLL	(1U << 4)
-#define HYBD_DEV_F_ALL		0x1fU
+/*
+ * A bio-based front (HYBD_F_BIO_FRONT): /dev/hybdN takes bios itself and
+ * runs the program's map() on each read and write first; one it remaps to
+ * a block-device target is cloned onto the target there and then, as
+ * dm-linear does, without a request, a tag or a second trip through
+ * blk-mq.  Everything else (no map(), map() passed, a flush, a discard,
+ * a file target, a remap the kernel cannot take at once) goes on, as it
+ * is, to the request-based disk behind the front, hybdNq: hidden, no
+ * node in /dev, where submit() and the server see it as on any device.
+ * The block device's queue settings (scheduler, nr_requests) are then
+ * hybdNq's, in /sys/block/hybdNq/queue.  Needs CAP_SYS_ADMIN (-EPERM on
+ * an unprivileged device).
+ */
+#define HYBD_DEV_F_BIO_FRONT	(1U << 5)
+#define HYBD_DEV_F_ALL		0x3fU
 
 /* Parameter block types (hybd_params.types). */
 #define HYBD_PARAM_BASIC	(1U << 0)	/* mandatory */
@@ -374,7 +393,13 @@ struct hybd_dev_stats {
 	 * leaves it 0)
 	 */
 	__u64	remap_polled;
-	__u64	reserved[3];
+	/*
+	 * HYBD_DEV_F_BIO_FRONT: reads and writes map() remapped in the
+	 * front, cloned onto their block-device target without a request
+	 * (part of remapped; a module that predates the counter leaves it 0)
+	 */
+	__u64	remap_front;
+	__u64	reserved[2];
 };
 
 /* HYBD_CTL_INFO */
@@ -985,6 +1010,9 @@ struct hybd_srv_resize {
 #define HYBD_BPF_PATH_SLOW	0	/* the server */
 #define HYBD_BPF_PATH_REMAP	1	/* a backing target, remapped */
 
+/* hybd_bpf_io.tag in map(), and in complete() for what map() remapped */
+#define HYBD_BPF_TAG_FRONT	0xffffU
+
 /*
  * The request as a program sees it.  Read-only but for scratch, which
  * submit() may write and complete() reads back (e.g. a version stamp).
@@ -1047,6 +1075,32 @@ struct hybd_bpf_ops {
 	 * Return: nothing; the request ends with that status.
 	 */
 	void	(*complete)(struct hybd_bpf_io *io);
+	/**
+	 * @map: on a device with a bio-based front (HYBD_DEV_F_BIO_FRONT),
+	 * called for every read and write bio the front takes, before any
+	 * request exists: it may only remap (hybd_bpf_io_remap()) or pass
+	 * (optional; without it the front passes everything).
+	 *
+	 * io->tag is HYBD_BPF_TAG_FRONT and io->queue the submitting CPU's
+	 * queue; the kfuncs that move data refuse such an io (-EINVAL), and
+	 * io->scratch goes to complete() only for a remap.  What map() passes
+	 * goes on to the request-based disk, where submit() sees it as a
+	 * request as on any device, maybe merged with others: map() must
+	 * leave no trace of a bio it passes (no counting, no state), since
+	 * the kernel may also drop its remap and pass the bio (a file
+	 * target, a target's page cache holding the range, a submitter that
+	 * must not wait on a target that may, no memory at once).
+	 *
+	 * complete() runs for a remap map() made, with io->path
+	 * HYBD_BPF_PATH_REMAP and io->tag HYBD_BPF_TAG_FRONT.
+	 *
+	 * Context: the submitter's submit_bio(), under RCU; must not sleep.
+	 *
+	 * Return: HYBD_BPF_REMAPPED after a successful hybd_bpf_io_remap()
+	 * on a block-device target, or HYBD_BPF_PASS; anything else passes
+	 * the bio and counts in bpf_bad_ret.
+	 */
+	int	(*map)(struct hybd_bpf_io *io);
 	__u32	dev_id;
 	__u32	flags;
 	char	name[HYBD_BPF_NAME_LEN];

@@ -277,7 +277,7 @@ static void test_param_messages(void)
 	good_params(&p);
 	p.basic.flags = 0x81;
 	msg_is(&p, -1, HYBD_PERR_FLAGS, -EOPNOTSUPP,
-	       "device flags 0x81: unknown bits 0x80 (known: 0x1f)");
+	       "device flags 0x81: unknown bits 0x80 (known: 0x3f)");
 	p.basic.flags = HYBD_DEV_F_ZERO_WRITES;
 	p.basic.ops = HYBD_OPF_READ | HYBD_OPF_WRITE;
 	msg_is(&p, -1, HYBD_PERR_FLAGS, -EINVAL,
@@ -293,6 +293,12 @@ static void test_param_messages(void)
 	p.basic.flags = HYBD_DEV_F_REMAP_POLL;
 	msg_is(&p, -1, HYBD_PERR_FLAGS, -EOPNOTSUPP,
 	       "device flags 0x10: polling remap workers (HYBD_DEV_F_REMAP_POLL) need kernel feature remap_poll");
+	p.basic.flags = HYBD_DEV_F_UNPRIVILEGED | HYBD_DEV_F_BIO_FRONT;
+	msg_is(&p, -1, HYBD_PERR_FLAGS, -EPERM,
+	       "device flags 0x28: an unprivileged device may not have a bio-based front (HYBD_DEV_F_BIO_FRONT)");
+	p.basic.flags = HYBD_DEV_F_BIO_FRONT;
+	msg_is(&p, -1, HYBD_PERR_FLAGS, -EOPNOTSUPP,
+	       "device flags 0x20: a bio-based front (HYBD_DEV_F_BIO_FRONT) needs kernel feature bio_front");
 
 	good_params(&p);
 	p.basic.poll_ns = 2000000;

@@ -31,6 +31,7 @@ static const struct {
 	{ HYBD_F_RESIZE, "resize" },
 	{ HYBD_F_UNPRIVILEGED, "unprivileged" },
 	{ HYBD_F_REMAP_POLL, "remap_poll" },
+	{ HYBD_F_BIO_FRONT, "bio_front" },
 };
 
 /* The ids of every device; *ids is malloc'd.  Returns the count or -errno. */
@@ -142,11 +143,12 @@ static void info_json(uint32_t id, const struct hybd_dev_info *info)
 	       b->nr_hw_queues, b->queue_depth, b->max_io_bytes);
 	print_ops_json(b->ops);
 	printf(",\"write_cache\":%s,\"zero_writes\":%s,\"poll_ns\":%u,"
-	       "\"remap_poll\":%s,\"io_timeout\":%u,",
+	       "\"remap_poll\":%s,\"bio_front\":%s,\"io_timeout\":%u,",
 	       b->flags & HYBD_DEV_F_WRITE_CACHE ? "true" : "false",
 	       b->flags & HYBD_DEV_F_ZERO_WRITES ? "true" : "false",
 	       b->poll_ns,
 	       b->flags & HYBD_DEV_F_REMAP_POLL ? "true" : "false",
+	       b->flags & HYBD_DEV_F_BIO_FRONT ? "true" : "false",
 	       b->io_timeout);
 	printf("\"recovery_timeout\":%u,\"recovery_left_ms\":%u,"
 	       "\"recoveries\":%u,\"no_server_ns\":%" PRIu64 ",",
@@ -209,6 +211,9 @@ static void info_text(uint32_t id, const struct hybd_dev_info *info)
 	if (b->flags & HYBD_DEV_F_REMAP_POLL)
 		printf("%-24s %s\n", "remap_poll",
 		       "on (the kernel's remap workers poll for poll_ns)");
+	if (b->flags & HYBD_DEV_F_BIO_FRONT)
+		printf("%-24s %s\n", "bio_front",
+		       "on (map() remaps bios in front of hybdNq)");
 	if (b->io_timeout)
 		printf("%-24s %u s\n", "io_timeout", b->io_timeout);
 	else

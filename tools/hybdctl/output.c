@@ -30,7 +30,7 @@ static const struct {
 	STAT(bpf_bad_ret), STAT(timed_out), STAT(bpf_unfilled),
 	STAT(bpf_pass_zeroes), STAT(held), STAT(reissued), STAT(remapped),
 	STAT(remap_refused), STAT(remap_waited), STAT(remap_direct),
-	STAT(remap_runs), STAT(remap_polled),
+	STAT(remap_runs), STAT(remap_polled), STAT(remap_front),
 };
 
 const char *state_name(uint32_t state)

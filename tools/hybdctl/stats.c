@@ -194,8 +194,9 @@ static void stats_text(uint32_t id, const struct hybd_dev_info *info,
 	       (uint64_t)c->remapped, share(c->remapped, all),
 	       (uint64_t)c->remap_refused, (uint64_t)c->remap_waited,
 	       (uint64_t)c->remap_direct);
-	printf("remap_runs: %" PRIu64 " (runs of the remap workers)  remap_polled: %" PRIu64 " (times one found more by polling)\n",
-	       (uint64_t)c->remap_runs, (uint64_t)c->remap_polled);
+	printf("remap_runs: %" PRIu64 " (runs of the remap workers)  remap_polled: %" PRIu64 " (times one found more by polling)  remap_front: %" PRIu64 " (remapped by map() in the bio-based front)\n",
+	       (uint64_t)c->remap_runs, (uint64_t)c->remap_polled,
+	       (uint64_t)c->remap_front);
 	putchar('\n');
 	print_histogram("fast path", st->total.fast_lat);
 	print_histogram("slow path", st->total.slow_lat);

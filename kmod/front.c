@@ -1,0 +1,279 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * hybd - the bio-based front (HYBD_DEV_F_BIO_FRONT).
+ *
+ * /dev/hybdN is then a bio-based disk in front of the device's blk-mq
+ * disk, which is hidden (hybdNq), as nvme's multipath head is in front of
+ * its paths.  The front runs the program's map() on each read and write
+ * bio and clones one it remaps onto its block-device target there and
+ * then, as dm-linear maps a bio: no request, no tag, no second plug, no
+ * second dispatch.  Everything else goes on, as it is, to the blk-mq disk,
+ * where submit() and the server see it as on any device.
+ *
+ * A front's ->submit_bio always runs with current->bio_list set, so the
+ * clone only joins that list: the block layer submits it once the call
+ * returns.  So unlike queue_rq (hybd_remap_may_clone()), the front never
+ * submits from inside a plug's flush or a caller's lock, and batched
+ * submissions (io_uring, aio) are cloned too.
+ *
+ * A front remap holds dev->remap_srcu from map() to its end, as a
+ * request's remap does: HYBD_SRV_REMAP_BARRIER, a shrink and a delete
+ * wait for it.
+ */
+#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
+
+#include <linux/blkdev.h>
+#include <linux/pagemap.h>
+
+#include "hybd.h"
+
+static struct bio_set hybd_front_bs;
+
+/* Go on to the blk-mq disk behind the front, as the bio is. */
+static void hybd_front_pass(struct hybd_dev *dev, struct bio *bio)
+{
+	bio_set_dev(bio, dev->disk->part0);
+	submit_bio_noacct(bio);
+}
+
+/*
+ * Whether the kernel can take @f's remap here: a block device, whose
+ * page cache holds none of the range (a clone would not keep it coherent,
+ * the workers' direct I/O does), that can say it would wait if the
+ * submitter must not, and that is writable for a write (direct I/O
+ * refuses it with EPERM; a bio would only be warned of).
+ */
+static bool hybd_front_may_clone(struct hybd_front_io *f, struct bio *bio)
+{
+	struct hybd_backing *b = f->target;
+	struct block_device *bdev;
+
+	if (!b->bdev)
+		return false;
+	bdev = file_bdev(b->file);
+	if (bdev->bd_mapping->nrpages &&
+	    filemap_range_has_page(bdev->bd_mapping, f->pos,
+				   f->pos + f->bio.bytes - 1))
+		return false;
+	if ((bio->bi_opf & REQ_NOWAIT) && !bdev_nowait(bdev))
+		return false;
+	return bio_data_dir(bio) != WRITE || !bdev_read_only(bdev);
+}
+
+static void hybd_front_end(struct bio *clone)
+{
+	struct hybd_front_io *f = container_of(clone, struct hybd_front_io,
+					       clone);
+	struct hybd_dev *dev = f->dev;
+	struct bio *orig = f->orig;
+	blk_status_t sts = clone->bi_status;
+	int idx = f->srcu_idx;
+
+	/* a REQ_NOWAIT clone the target could not take without waiting */
+	if ((clone->bi_opf & REQ_NOWAIT) && sts == BLK_STS_NOTSUPP)
+		sts = BLK_STS_AGAIN;
+	/*
+	 * Counted before the bio ends, so that a flush the submitter sends
+	 * once it has seen the write end syncs it (hybd_remap_flush()); a
+	 * failed write may have changed some of the range too.
+	 */
+	if (f->bio.op == HYBD_OP_WRITE &&
+	    (dev->params.basic.flags & HYBD_DEV_F_WRITE_CACHE))
+		atomic64_inc(&f->target->written);
+	f->bio.result = blk_status_to_errno(sts);
+	f->bio.path = HYBD_BPF_PATH_REMAP;
+	hybd_bpf_complete_front(dev, f);
+	hybd_count_front(f->q, &f->bio, f->start_ns);
+	hybd_front_drop(dev, f);
+	if (f->acct)
+		bio_end_io_acct(orig, f->acct_start);
+	bio_put(clone);
+	orig->bi_status = sts;
+	bio_endio(orig);
+	/* last: the delete waits for it before it frees the device */
+	srcu_up_read(&dev->remap_srcu, idx);
+}
+
+/*
+ * What a clone keeps of its bio's flags: the hints, and REQ_NOWAIT (its
+ * BLK_STS_AGAIN goes back to the submitter, as dm's does); durability is
+ * set anew.
+ */
+#define HYBD_FRONT_KEEP	(REQ_SYNC | REQ_META | REQ_PRIO | REQ_IDLE | \
+			 REQ_BACKGROUND | REQ_RAHEAD | REQ_FAILFAST_MASK | \
+			 REQ_NOWAIT)
+
+/*
+ * Run map() on a read or write and, if it remapped and the kernel can
+ * take it, start the clone.  Return: whether it did; else the bio is the
+ * caller's to pass, untouched.
+ */
+static bool hybd_front_map(struct hybd_dev *dev, struct bio *bio)
+{
+	bool write = bio_data_dir(bio) == WRITE;
+	struct hybd_front_io *f;
+	struct bio *clone;
+	blk_opf_t opf;
+	u32 cpu;
+	int ret;
+
+	clone = bio_alloc_clone(NULL, bio, GFP_NOWAIT | __GFP_NOWARN,
+				&hybd_front_bs);
+	if (!clone)
+		return false;
+	f = container_of(clone, struct hybd_front_io, clone);
+	cpu = raw_smp_processor_id();
+	f->dev = dev;
+	f->q = &dev->queues[dev->cpu_queue[cpu]];
+	f->target = NULL;
+	f->orig = bio;
+	f->in_map = false;
+	f->bpf_gen = 0;
+	f->bio = (struct hybd_bpf_io) {
+		.op	= write ? HYBD_OP_WRITE : HYBD_OP_READ,
+		.flags	= hybd_bio_flags(bio->bi_opf),
+		.sector	= bio->bi_iter.bi_sector,
+		.bytes	= bio->bi_iter.bi_size,
+		.dev_id	= dev->id,
+		.queue	= f->q->id,
+		.tag	= HYBD_BPF_TAG_FRONT,
+	};
+
+	/* a dead device fails everything, the fast path included */
+	if (READ_ONCE(f->q->dead))
+		goto pass;
+	rcu_read_lock();
+	ret = hybd_bpf_map(dev, f);
+	rcu_read_unlock();
+	if (ret != HYBD_BPF_REMAPPED)
+		goto pass;
+	if (!hybd_front_may_clone(f, bio)) {
+		hybd_front_drop(dev, f);
+		srcu_up_read(&dev->remap_srcu, f->srcu_idx);
+		goto pass;
+	}
+
+	bio_set_dev(clone, file_bdev(f->target->file));
+	opf = write ? REQ_OP_WRITE : REQ_OP_READ;
+	/* without a write cache, what a write completed must stay */
+	if (write && ((bio->bi_opf & REQ_FUA) ||
+		      !(dev->params.basic.flags & HYBD_DEV_F_WRITE_CACHE)))
+		opf |= REQ_FUA;
+	/* REQ_ALLOC_CACHE: bio_put() gives it back to the per-CPU cache */
+	clone->bi_opf = opf | (bio->bi_opf & HYBD_FRONT_KEEP) |
+			(clone->bi_opf & REQ_ALLOC_CACHE);
+	clone->bi_iter.bi_sector = f->pos >> SECTOR_SHIFT;
+	clone->bi_end_io = hybd_front_end;
+	f->start_ns = ktime_get_ns();
+	f->acct = blk_queue_io_stat(bio->bi_bdev->bd_disk->queue);
+	if (f->acct)
+		f->acct_start = bio_start_io_acct(bio);
+	hybd_stat_inc(f->q, remap_front);
+	/* joins current->bio_list: it goes once this submit_bio returns */
+	submit_bio_noacct(clone);
+	return true;
+pass:
+	bio_put(clone);
+	return false;
+}
+
+static void hybd_front_submit_bio(struct bio *bio)
+{
+	struct hybd_dev *dev = bio->bi_bdev->bd_disk->private_data;
+
+	bio = bio_split_to_limits(bio);
+	if (!bio)
+		return;
+	/*
+	 * A bio is checked against the capacity before it waits at a frozen
+	 * queue: one that waited out a shrink may end beyond the new end.
+	 */
+	if (bio_end_sector(bio) > get_capacity(bio->bi_bdev->bd_disk)) {
+		bio_io_error(bio);
+		return;
+	}
+	/*
+	 * Flushes (with or without data) go through the blk-mq disk's flush
+	 * sequence; what is not a read or write has no map(), and a write to
+	 * a device without writes is the blk-mq disk's to refuse.
+	 */
+	if ((bio_op(bio) == REQ_OP_READ ||
+	     (bio_op(bio) == REQ_OP_WRITE &&
+	      (dev->params.basic.ops & HYBD_OPF_WRITE))) &&
+	    !(bio->bi_opf & REQ_PREFLUSH) && bio->bi_iter.bi_size &&
+	    READ_ONCE(dev->front_maps) && hybd_front_map(dev, bio))
+		return;
+	hybd_front_pass(dev, bio);
+}
+
+/* Nothing to open or release: the device lives until its delete. */
+static const struct block_device_operations hybd_front_fops = {
+	.owner		= THIS_MODULE,
+	.submit_bio	= hybd_front_submit_bio,
+};
+
+/**
+ * hybd_front_is() - whether @disk is @dev's front
+ * @dev: the device
+ * @disk: a disk
+ *
+ * Return: true if it is.
+ */
+bool hybd_front_is(struct hybd_dev *dev, struct gendisk *disk)
+{
+	return disk->fops == &hybd_front_fops && disk->private_data == dev;
+}
+
+/**
+ * hybd_front_alloc() - a front for @dev, with @lim as its limits
+ * @dev: the device, whose blk-mq disk is allocated, not yet added
+ * @lim: the blk-mq disk's limits
+ *
+ * The front honours REQ_NOWAIT (a clone keeps it; what it passes, the
+ * blk-mq disk honours): without BLK_FEAT_NOWAIT io_uring would hand every
+ * I/O to its workers.  It has no poll: neither has the blk-mq disk.
+ *
+ * Return: the disk, or an ERR_PTR.
+ */
+struct gendisk *hybd_front_alloc(struct hybd_dev *dev,
+				 struct queue_limits *lim)
+{
+	struct gendisk *disk;
+
+	lim->features |= BLK_FEAT_NOWAIT | BLK_FEAT_IO_STAT;
+	disk = blk_alloc_disk(lim, NUMA_NO_NODE);
+	if (IS_ERR(disk))
+		return disk;
+	disk->fops = &hybd_front_fops;
+	disk->private_data = dev;
+	return disk;
+}
+
+/**
+ * hybd_front_drop() - let go of what a front remap took
+ * @dev: the device
+ * @f: the remap; remap_srcu stays held, the caller's to release
+ */
+void hybd_front_drop(struct hybd_dev *dev, struct hybd_front_io *f)
+{
+	struct hybd_backing *b = f->target;
+
+	/* fully ordered, as in hybd_remap_drop() */
+	if (f->bio.op == HYBD_OP_WRITE && !atomic_dec_return(&b->writers) &&
+	    READ_ONCE(b->settled))
+		queue_work(dev->remap_wq, &dev->reap_work);
+	hybd_backing_put(b);
+	f->target = NULL;
+}
+
+int hybd_front_init(void)
+{
+	return bioset_init(&hybd_front_bs, BIO_POOL_SIZE,
+			   offsetof(struct hybd_front_io, clone),
+			   BIOSET_PERCPU_CACHE);
+}
+
+void hybd_front_exit(void)
+{
+	bioset_exit(&hybd_front_bs);
+}

@@ -1,0 +1,206 @@
+"""The bio-based front (HYBD_DEV_F_BIO_FRONT): /dev/hybdN takes bios and
+runs the program's map() on each read and write; what it remaps onto a
+block-device target is cloned there, without a request; everything else
+goes on to the blk-mq disk behind it (hybdNq), where submit() and the
+server see it as on any device."""
+import errno
+import os
+import subprocess
+from pathlib import Path
+
+from hybdbpf import (delta, detach_ok, disk_completed_ios, fastpath,  # noqa: F401
+                     prog, stats, suite_prog, unpin)
+from hybdlib import (direct_read, direct_write, first_difference,
+                     fio_verify, hybdctl, info, loop_device, need_tool,
+                     pattern, record, wait_for)
+from test_backing import dio_fs  # noqa: F401 (fixture)
+from test_remap import (BLOCK, CASES, MiB, _built, check_offsets,  # noqa: F401
+                        prog_globals, sparse, start_loop)
+
+
+def front_of(dev):
+    """The names of dev's front and of the disk behind it, both checked:
+    the front is what /dev holds, the disk behind it is hidden."""
+    name = os.path.basename(dev)
+    assert Path(f"/sys/block/{name}").is_dir()
+    assert Path(f"/sys/block/{name}q").is_dir(), "no disk behind the front"
+    assert not Path(f"/dev/{name}q").exists(), "the disk behind is not hidden"
+    return name, name + "q"
+
+
+def test_front_clones_bios_and_keeps_data_where_it_belongs(servers, fastpath,
+                                                            tmp_path):
+    """fio --verify at 512 B to 1 MiB, QD1 and QD32, 2 jobs, and io_uring
+    submitting 16 at a time (which queue_rq would send to the workers):
+    every read and write is cloned in the front, none reaches a request;
+    the data lands on the target at the same offsets, and where the
+    target's page cache holds a range, the bio goes through the request
+    path and its direct I/O, which keeps that cache coherent."""
+    size = 64 * MiB
+    with loop_device(sparse(tmp_path / "disk.img", size)) as target:
+        srv = start_loop(servers, target, "--front", "--block-size", "512")
+        front, behind = front_of(srv.dev)
+        assert info(srv.dev)["bio_front"] is True
+        fastpath.attach(prog("loop"), srv.dev)
+        base = stats(srv.dev)
+        ios = disk_completed_ios(srv.dev)
+        for bs, qd, per_job in CASES:
+            fio_verify(srv.dev, bs, per_job, 2, iodepth=qd)
+        fio_verify(srv.dev, "4k", "8M", 2, iodepth=32,
+                   extra=("--iodepth_batch_submit=16",
+                          "--iodepth_batch_complete_min=16"))
+        mid = stats(srv.dev)
+        d = delta(mid, base)
+        assert d["slow_issued"] == 0, d
+        assert d["remap_front"] == d["remapped"] == d["fast_done"] == \
+            d["reads"] + d["writes"] > 0, d
+        assert (d["remap_direct"], d["remap_runs"], d["fast_errors"],
+                d["bpf_bad_ret"]) == (0, 0, 0, 0), d
+        g = prog_globals(srv.dev)
+        assert g["mapped"] == d["remap_front"] and g["remap_errors"] == 0, g
+        # the front's iostats count what it cloned
+        assert disk_completed_ios(srv.dev) - ios >= d["remap_front"]
+
+        check_offsets(srv.dev, target, size, "front")
+        d = delta(stats(srv.dev), mid)
+        assert d["slow_issued"] == 0 and d["fast_errors"] == 0, d
+        # the ranges the target's page cache held went to submit()
+        assert d["remapped"] > d["remap_front"], d
+        record("test_front_clones_bios_and_keeps_data_where_it_belongs",
+               f"front={mid['remap_front']} remapped={mid['remapped']}")
+        detach_ok(srv.dev)
+        srv.stop()
+
+
+def test_front_passes_what_it_cannot_clone(dio_fs, servers, fastpath):
+    """On a file target map() remaps, but the front cannot clone onto a
+    file: the bio goes on and submit() remaps it (the workers' direct
+    I/O).  Without a program the server serves everything; a flush goes
+    through the disk behind, whose flush sequence the server sees."""
+    mnt, _ = dio_fs
+    target = sparse(mnt / "loop.img", 16 * MiB)
+    srv = start_loop(servers, target.as_posix(), "--front")
+    front_of(srv.dev)
+    fastpath.attach(prog("loop"), srv.dev)
+    base = stats(srv.dev)
+    fio_verify(srv.dev, "4k", "4M", 2, iodepth=8)
+    d = delta(stats(srv.dev), base)
+    assert d["remap_front"] == 0 and d["slow_issued"] == 0, d
+    assert d["remapped"] == d["reads"] + d["writes"] > 0, d
+    detach_ok(srv.dev)
+
+    base = stats(srv.dev)
+    data = pattern("front-slow", 256 * 1024)
+    with open(srv.dev, "r+b", buffering=0) as f:
+        assert os.pwrite(f.fileno(), data, 3 * MiB) == len(data)
+        os.fsync(f.fileno())
+    assert direct_read(srv.dev, 3 * MiB, len(data)) == data
+    d = delta(stats(srv.dev), base)
+    assert d["remap_front"] == d["remapped"] == 0, d
+    assert d["slow_done"] == d["slow_issued"] > 0 and d["flushes"] > 0, d
+    srv.stop()
+
+
+def test_front_map_contract(servers, fastpath, tmp_path):
+    """Every misuse of map() (tests/bpf/frontbad.bpf.c): a return outside
+    the contract passes the bio and counts in bpf_bad_ret; the payload
+    kfuncs refuse a bio (EINVAL); a remap map() does not return REMAPPED
+    for leaves no trace; a refused remap gets its errno; complete() runs
+    for what the front cloned, where a remap is refused (EPERM).  What is
+    passed reaches submit() and the server, with the right data."""
+    with loop_device(sparse(tmp_path / "disk.img", 16 * MiB)) as target:
+        srv = start_loop(servers, target, "--front", "--remap=ro")
+        blocks = 16
+        data = [pattern(f"front-bad-{i}", BLOCK) for i in range(blocks)]
+        for i in range(blocks):
+            direct_write(srv.dev, i * BLOCK, data[i])
+        fastpath.attach(suite_prog("frontbad"), srv.dev)
+        base = stats(srv.dev)
+        direct_write(srv.dev, 0, data[0])
+        assert prog_globals(srv.dev)["got_write"] == -errno.EROFS
+        for i in range(blocks):
+            got = direct_read(srv.dev, i * BLOCK, BLOCK)
+            assert got == data[i], (i, first_difference(got, data[i]))
+        d = delta(stats(srv.dev), base)
+        g = prog_globals(srv.dev)
+        want = {"got_zero": -errno.EINVAL, "got_copy_in": -errno.EINVAL,
+                "got_copy_out": -errno.EINVAL, "got_is_zero": -errno.EINVAL,
+                "got4_first": 0, "got4": -errno.EALREADY,
+                "got5": -errno.ENOENT, "got6": -errno.ERANGE,
+                "got_complete": -errno.EPERM, "front_tag_seen": 1}
+        assert {k: g[k] for k in want} == want, g
+        # cases 2 and 4 were cloned in the front, twice each; the rest
+        # reached submit()
+        submitted = [g[f"sub{c}"] for c in range(8)]
+        assert submitted == [2, 2, 0, 2, 0, 2, 2, 2], submitted
+        assert d["remap_front"] == d["remapped"] == g["front_completes"] \
+            == 4, (d, g)
+        assert d["bpf_bad_ret"] == 4, d
+        # write EROFS; case 4's second remap, 5 and 6 twice; complete() 4
+        assert d["remap_refused"] == 1 + 3 * 2 + 4, d
+        assert d["slow_done"] == d["slow_issued"] == 1 + 12, d
+        assert d["fast_errors"] == 0, d
+        detach_ok(srv.dev)
+        srv.stop()
+
+
+def test_front_delete_under_io(servers, fastpath, tmp_path):
+    """A delete while fio reads and writes through the front, with every
+    bio cloned: the delete returns, fio ends (its I/O after the front went
+    fails), the server exits, and a new device takes the id again."""
+    with loop_device(sparse(tmp_path / "disk.img", 32 * MiB)) as target:
+        srv = start_loop(servers, target, "--front")
+        fastpath.attach(prog("loop"), srv.dev)
+        proc = subprocess.Popen(
+            [need_tool("fio"), "--name=del", f"--filename={srv.dev}",
+             "--direct=1", "--ioengine=io_uring", "--iodepth=32",
+             "--rw=randrw", "--bs=4k", "--size=16M", "--numjobs=2",
+             "--time_based", "--runtime=60", "--group_reporting"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/tmp")
+        try:
+            wait_for(lambda: stats(srv.dev)["remap_front"] > 1000, 30,
+                     "fio's bios cloned in the front")
+            rc, _, err = hybdctl("del", "--in-use", srv.dev)
+            assert rc == 0, err
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        srv.wait()
+        assert not Path(srv.dev).exists()
+        # the program's link stays, attached to nothing, until let go of
+        assert unpin(srv.id)
+        srv2 = start_loop(servers, target, "--front")
+        assert direct_read(srv2.dev, 0, BLOCK) is not None
+        srv2.stop()
+
+
+def disk_size(name):
+    return int(Path(f"/sys/block/{name}/size").read_text()) * 512
+
+
+def test_front_resize(ramdisk):
+    """Grow and shrink a device with a front: both disks change size, a
+    read past the new end gets nothing, what a shrink cut off comes back
+    as zeros."""
+    srv = ramdisk(size="64M", max_size="128M", queues=2, front=True)
+    names = front_of(srv.dev)
+    high = pattern("front-high", 256 << 10)
+    zeros = bytes(len(high))
+
+    def resized(size):
+        rc, _, err = hybdctl("resize", srv.dev, str(size))
+        assert rc == 0, err
+        assert [disk_size(n) for n in names] == [size, size], names
+
+    resized(96 * MiB)
+    direct_write(srv.dev, 90 * MiB, high)
+    assert direct_read(srv.dev, 90 * MiB, len(high)) == high
+    resized(64 * MiB)
+    with open(srv.dev, "rb", buffering=0) as f:
+        assert os.pread(f.fileno(), 4096, 90 * MiB) == b""
+    resized(96 * MiB)
+    assert direct_read(srv.dev, 90 * MiB, len(high)) == zeros, \
+        "what the shrink cut off came back"
+    srv.stop()
