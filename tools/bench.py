@@ -54,6 +54,8 @@ interleaved round-robin, and reports medians, per-round ranges and ratios:
   bloopb       the BPF loop over a block device: hybd-loop --remap
                /dev/nullb1 (null_blk, memory-backed, as nullblk's) +
                bpf/loop.bpf.o
+  bloopbf      the same with a bio-based front (hybd-loop --front): map()
+               clones each bio onto /dev/nullb1, without a request
   dmlinear     dm-linear over the same /dev/nullb1: the kernel's remap
   kloopx       the kernel loop (direct I/O) over a file on ext4 on
                /dev/nullb2 (null_blk, memory-backed): a file system that
@@ -242,6 +244,9 @@ LINES = {
     "bloopb": ("BPF loop on null_blk (remap)",
                dict(prog="loop", data=False, poll_ns=0, fast=True,
                     server="bloop", bdev=True)),
+    "bloopbf": ("BPF loop on null_blk (remap), bio front",
+                dict(prog="loop", data=False, poll_ns=0, fast=True,
+                     server="bloop", bdev=True, flags=["--front"])),
     "dmlinear": ("dm-linear on null_blk", None),
     "kloopx": ("kernel loop (file on ext4)", None),
     "bloopx": ("BPF loop (remap, file on ext4)",
@@ -296,20 +301,22 @@ MODES = ("qd1", "qd32", "par", "seq", "qd1w")
 # the lines measured in "seq" (128 KiB sequential reads) too
 SEQ_LINES = ("nullblk", "unull1", "unull", "hnull1", "hnull", "hnullq", "noprog1",
              "noprog", "kloop", "uloop", "hloop1", "hloop", "bloop",
-             "bloop1", "bloopp", "bloop1p", "bloopb", "dmlinear", "kloopx",
+             "bloop1", "bloopp", "bloop1p", "bloopb", "bloopbf", "dmlinear",
+             "kloopx",
              "bloopx", "dmcrypt",
              "dmcryptnw", "encslow", "encslow1", "encfast",
              "enccache", "ddslow", "ddslow1", "ddmslow", "ddremap")
 # the lines measured in "par" (2 submitters: 2 fio jobs at QD16) too
 PAR_LINES = ("nullblk", "unull1", "unull", "hnull1", "hnull", "hnullq", "noprog1",
              "noprog", "kloop", "uloop", "hloop1", "hloop", "bloop",
-             "bloop1", "bloopp", "bloop1p", "bloopb", "dmlinear", "kloopx",
+             "bloop1", "bloopp", "bloop1p", "bloopb", "bloopbf", "dmlinear",
+             "kloopx",
              "bloopx", "dmcrypt",
              "dmcryptnw", "encslow", "encslow1", "ddslow",
              "ddslow1", "ddremap")
 # the lines measured in "qd1w" (4 KiB random writes, QD1) too
 WRITE_LINES = ("kloop", "uloop", "hloop1", "hloop", "bloop", "bloop1",
-               "bloopb",
+               "bloopb", "bloopbf",
                "dmlinear", "kloopx", "bloopx", "dmcrypt",
                "dmcryptnw", "encslow", "encslow1", "ddslow", "ddslow1")
 
@@ -335,7 +342,8 @@ COMPARISONS = (
       ("hloop", "kloop"), ("bloop", "kloop"), ("bloop1", "kloop"),
       ("bloopp", "kloop"), ("bloop1p", "kloop"), ("bloopp", "bloop")]),
     ("loopbdev", "the BPF loop against dm-linear on one block device",
-     [("bloopb", "dmlinear"), ("dmlinear", "nullblk")]),
+     [("bloopb", "dmlinear"), ("bloopbf", "dmlinear"), ("bloopbf", "bloopb"),
+      ("dmlinear", "nullblk")]),
     ("loopext4", "the BPF loop against the kernel loop on a file on ext4 "
      "(a file system that honours IOCB_NOWAIT)",
      [("bloopx", "kloopx"), ("kloopx", "kloop")]),
@@ -420,6 +428,10 @@ TARGETS = (
      "bloopb", "dmlinear", "mean_us", 1.0),
     ("BPF loop on a block device QD32 IOPS >= dm-linear's",
      "bloopb", "dmlinear", "qd32_iops", 1.0),
+    ("BPF loop with a bio front QD1 read mean <= dm-linear's",
+     "bloopbf", "dmlinear", "mean_us", 1.0),
+    ("BPF loop with a bio front QD32 IOPS >= dm-linear's",
+     "bloopbf", "dmlinear", "qd32_iops", 1.0),
     ("encrypt QD1 mean <= 1.1x dm-crypt's",
      "encslow", "dmcrypt", "mean_us", 1.1),
     ("encrypt QD32 IOPS >= dm-crypt's",
@@ -1038,7 +1050,8 @@ def setup_hybd(line, ctx):
             # the kernel loop's own file when that line runs: the same file
             path = ctx.kloop_backing or backing_file(ctx, "bloop.img")
         poll = ["--poll-ns", str(spec["poll_ns"])] if spec["poll_ns"] else []
-        server = Ramdisk([*args, *poll, "--remap", path], exe=LOOP)
+        server = Ramdisk([*args, *poll, *spec.get("flags", []), "--remap",
+                          path], exe=LOOP)
     elif spec.get("server") == "encrypt":
         if not os.access(ENCRYPT, os.X_OK):
             raise BenchError(f"{ENCRYPT} is not built (make examples)")
