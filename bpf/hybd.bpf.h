@@ -2,7 +2,8 @@
 /*
  * hybd.bpf.h - everything a hybd fast-path program needs.
  *
- * A fast path is a struct hybd_bpf_ops with two callbacks:
+ * A fast path is a struct hybd_bpf_ops with two callbacks (and a third,
+ * optional, for devices with a bio-based front):
  *
  *   submit(io)    runs in the block driver's queue_rq for EVERY request
  *                 (read, write, flush, discard, write-zeroes).  Return
@@ -17,6 +18,14 @@
  *                 before the block layer sees it: io->result is its
  *                 status, io->path who served it and, if the status is 0,
  *                 a read's payload holds the data, so you can cache it.
+ *   map(io)       (optional) on a device added with HYBD_DEV_F_BIO_FRONT,
+ *                 runs on each read and write bio before it becomes a
+ *                 request; may only remap (hybd_bpf_io_remap(), then
+ *                 HYBD_BPF_REMAPPED) or pass (HYBD_BPF_PASS).  A remap
+ *                 onto a block device is cloned there, without a request;
+ *                 the rest reaches submit() as usual, so map() must not
+ *                 count or remember what it passes.  io->tag is
+ *                 HYBD_BPF_TAG_FRONT; the data kfuncs refuse such an io.
  *
  * DONE means the server never sees the request:
  *   - a read must be filled, all of it, before submit() returns DONE:
@@ -96,7 +105,7 @@ extern int hybd_bpf_io_is_zero(struct hybd_bpf_io *io) __ksym;
 /* ---- kfunc: serving a request on a backing target (HYBD_F_REMAP) ---- */
 
 /*
- * In submit() only: have the kernel serve the whole request on backing
+ * In submit() or map() only: have the kernel serve the whole request on backing
  * target @index (registered by the server, hybd_dev_add_backing()) at
  * byte @offset, with direct I/O on the request's own pages; then return
  * HYBD_BPF_REMAPPED.  complete() runs when it is done, with io->path ==
@@ -107,7 +116,7 @@ extern int hybd_bpf_io_is_zero(struct hybd_bpf_io *io) __ksym;
  * range passes the target's end, -EINVAL @offset not aligned for the
  * target's direct I/O (or @index >= HYBD_MAX_BACKINGS), -EROFS a write,
  * discard or write-zeroes on a read-only target, -EALREADY remapped
- * already, -EPERM outside submit().
+ * already, -EPERM outside submit() and map().
  *
  * A target reads what is there when the kernel gets to it: a program
  * that remaps through a map the server updates relies on the server

@@ -236,6 +236,44 @@ static void hybd_count_fast(struct hybd_queue *q, struct hybd_tag *t, int ret)
 	hybd_lat_add(q, fast_lat, t->start_ns);
 }
 
+/*
+ * A request that came through the front counts in the front's iostats,
+ * as nvme's multipath head counts what its paths serve: the front is
+ * the disk users see (and set from its add on: the partition scan during
+ * it counts on the disk behind only).
+ */
+static void hybd_front_acct_start(struct hybd_queue *q, struct hybd_tag *t,
+				  struct request *rq)
+{
+	struct gendisk *front = READ_ONCE(q->dev->front);
+
+	t->front_acct = front && blk_queue_io_stat(front->queue);
+	if (t->front_acct)
+		t->acct_start = bdev_start_io_acct(front->part0, req_op(rq),
+						   jiffies);
+}
+
+/**
+ * hybd_end_request() - end a request hybd started
+ * @q: its queue
+ * @rq: the request
+ * @sts: its status
+ *
+ * blk_mq_end_request(), and the front's iostats for it.
+ */
+void hybd_end_request(struct hybd_queue *q, struct request *rq,
+		      blk_status_t sts)
+{
+	struct hybd_tag *t = &q->tags[rq->tag];
+
+	if (t->front_acct) {
+		t->front_acct = false;
+		bdev_end_io_acct(q->dev->front->part0, req_op(rq),
+				 blk_rq_sectors(rq), t->acct_start);
+	}
+	blk_mq_end_request(rq, sts);
+}
+
 /* A read or write the front remapped has ended: count it. */
 void hybd_count_front(struct hybd_queue *q, const struct hybd_bpf_io *io,
 		      u64 start_ns)
@@ -255,7 +293,7 @@ static blk_status_t hybd_end_fast(struct hybd_queue *q, struct request *rq,
 	hybd_count_fast(q, t, ret);
 	if (last)
 		hybd_end_batch(q);
-	blk_mq_end_request(rq, hybd_errno_status(ret));
+	hybd_end_request(q, rq, hybd_errno_status(ret));
 	return BLK_STS_OK;
 }
 
@@ -267,7 +305,7 @@ static void hybd_complete_rq(struct request *rq)
 	int err = hybd_remap_end(q, rq);
 
 	hybd_count_fast(q, t, err);
-	blk_mq_end_request(rq, hybd_errno_status(err));
+	hybd_end_request(q, rq, hybd_errno_status(err));
 }
 
 /*
@@ -326,6 +364,7 @@ static blk_status_t __hybd_queue_rq(struct hybd_queue *q,
 	blk_mq_start_request(rq);
 
 	t = &q->tags[tag];
+	hybd_front_acct_start(q, t, rq);
 	t->rq = rq;
 	t->start_ns = ktime_get_ns();
 	t->bio = (struct hybd_bpf_io) {
@@ -374,7 +413,8 @@ static blk_status_t __hybd_queue_rq(struct hybd_queue *q,
 	if (q->dead) {
 		hybd_stat_inc(q, failed_dead);
 		hybd_unlock_publish(q, bd->last);
-		return BLK_STS_IOERR;
+		hybd_end_request(q, rq, BLK_STS_IOERR);
+		return BLK_STS_OK;
 	}
 
 	t->srv_op = srv_op;
@@ -523,7 +563,7 @@ static enum blk_eh_timer_return hybd_timeout(struct request *rq)
 	/* the program learns of it: a write may or may not have happened */
 	t->bio.result = -EIO;
 	hybd_bpf_complete(q, t);
-	blk_mq_end_request(rq, BLK_STS_IOERR);
+	hybd_end_request(q, rq, BLK_STS_IOERR);
 	return BLK_EH_DONE;
 }
 
@@ -604,7 +644,7 @@ int hybd_queue_resume(struct hybd_queue *q, struct hybd_reissue *list)
 		spin_unlock(&q->lock);
 		for (i = 0; i < n; i++) {
 			hybd_stat_inc(q, failed_dead);
-			blk_mq_end_request(q->tags[list[i].tag].rq,
+			hybd_end_request(q, q->tags[list[i].tag].rq,
 					   BLK_STS_IOERR);
 		}
 		return -ENODEV;
@@ -669,7 +709,7 @@ void hybd_queue_fail_all(struct hybd_queue *q)
 		}
 		spin_unlock(&q->lock);
 		if (rq)
-			blk_mq_end_request(rq, BLK_STS_IOERR);
+			hybd_end_request(q, rq, BLK_STS_IOERR);
 	}
 	hybd_queue_wake(q);
 }

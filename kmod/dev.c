@@ -383,6 +383,9 @@ static void hybd_dev_start_work(struct work_struct *work)
 		 * Behind a front: hybdNq, no node, no partitions, no uevents;
 		 * only the front sends it bios.
 		 */
+		/* the blk-mq disk's own, not what blk-mq made of them */
+		lim = (struct queue_limits) { };
+		hybd_set_limits(dev, &lim);
 		fdisk = hybd_front_alloc(dev, &lim);
 		if (IS_ERR(fdisk)) {
 			ret = PTR_ERR(fdisk);

@@ -24,6 +24,7 @@
 
 #include <linux/blkdev.h>
 #include <linux/pagemap.h>
+#include <trace/events/block.h>
 
 #include "hybd.h"
 
@@ -32,16 +33,46 @@ static struct bio_set hybd_front_bs;
 /* Go on to the blk-mq disk behind the front, as the bio is. */
 static void hybd_front_pass(struct hybd_dev *dev, struct bio *bio)
 {
+	sector_t sector = bio->bi_iter.bi_sector;
+	dev_t front = bio_dev(bio);
+
 	bio_set_dev(bio, dev->disk->part0);
+	trace_block_bio_remap(bio, front, sector);
 	submit_bio_noacct(bio);
+}
+
+/*
+ * Whether @bdev takes a clone of @bio at @sector whole: a REQ_NOWAIT bio
+ * it would split fails with BLK_STS_AGAIN, every time (the request path
+ * starts those again where they may wait).  Its size as the block layer
+ * counts it from that sector (a split keeps physical blocks whole), its
+ * segments and gaps as bio_split_rw_at() does; no chunk boundaries.
+ */
+static bool hybd_front_takes_whole(struct block_device *bdev,
+				   struct bio *bio, sector_t sector)
+{
+	const struct queue_limits *lim = &bdev_get_queue(bdev)->limits;
+	unsigned int pbs = lim->physical_block_size >> SECTOR_SHIFT;
+	unsigned int max = lim->max_sectors, start, end, segs;
+
+	if (lim->chunk_sectors)
+		return false;
+	start = sector & (pbs - 1);
+	end = (start + max) & ~(pbs - 1);
+	if (end > start)
+		max = end - start;
+	return bio_split_rw_at(bio, lim, &segs, max << SECTOR_SHIFT) == 0;
 }
 
 /*
  * Whether the kernel can take @f's remap here: a block device, whose
  * page cache holds none of the range (a clone would not keep it coherent,
- * the workers' direct I/O does), that can say it would wait if the
- * submitter must not, and that is writable for a write (direct I/O
- * refuses it with EPERM; a bio would only be warned of).
+ * the workers' direct I/O does; as there, a best effort against a program
+ * reading the target meanwhile), that can say it would wait if the
+ * submitter must not, and takes the clone whole then (a REQ_NOWAIT clone
+ * it would split fails with BLK_STS_AGAIN, every time: the request path
+ * starts it again where it may wait), and that is writable for a write
+ * (direct I/O refuses it with EPERM; a bio would only be warned of).
  */
 static bool hybd_front_may_clone(struct hybd_front_io *f, struct bio *bio)
 {
@@ -55,7 +86,9 @@ static bool hybd_front_may_clone(struct hybd_front_io *f, struct bio *bio)
 	    filemap_range_has_page(bdev->bd_mapping, f->pos,
 				   f->pos + f->bio.bytes - 1))
 		return false;
-	if ((bio->bi_opf & REQ_NOWAIT) && !bdev_nowait(bdev))
+	if ((bio->bi_opf & REQ_NOWAIT) &&
+	    (!bdev_nowait(bdev) ||
+	     !hybd_front_takes_whole(bdev, bio, f->pos >> SECTOR_SHIFT)))
 		return false;
 	return bio_data_dir(bio) != WRITE || !bdev_read_only(bdev);
 }
@@ -154,10 +187,17 @@ static bool hybd_front_map(struct hybd_dev *dev, struct bio *bio)
 	}
 
 	bio_set_dev(clone, file_bdev(f->target->file));
+	/* the submitter's cgroup, not this task's (writeback's kworker) */
+	bio_clone_blkg_association(clone, bio);
 	opf = write ? REQ_OP_WRITE : REQ_OP_READ;
-	/* without a write cache, what a write completed must stay */
+	/*
+	 * Without a write cache (the device's, or as sysfs says now: "write
+	 * through" makes the block layer drop flushes), what a write
+	 * completed must stay.
+	 */
 	if (write && ((bio->bi_opf & REQ_FUA) ||
-		      !(dev->params.basic.flags & HYBD_DEV_F_WRITE_CACHE)))
+		      !(dev->params.basic.flags & HYBD_DEV_F_WRITE_CACHE) ||
+		      !bdev_write_cache(bio->bi_bdev)))
 		opf |= REQ_FUA;
 	/* REQ_ALLOC_CACHE: bio_put() gives it back to the per-CPU cache */
 	clone->bi_opf = opf | (bio->bi_opf & HYBD_FRONT_KEEP) |
@@ -169,6 +209,7 @@ static bool hybd_front_map(struct hybd_dev *dev, struct bio *bio)
 	if (f->acct)
 		f->acct_start = bio_start_io_acct(bio);
 	hybd_stat_inc(f->q, remap_front);
+	trace_block_bio_remap(clone, bio_dev(bio), bio->bi_iter.bi_sector);
 	/* joins current->bio_list: it goes once this submit_bio returns */
 	submit_bio_noacct(clone);
 	return true;
@@ -188,7 +229,8 @@ static void hybd_front_submit_bio(struct bio *bio)
 	 * A bio is checked against the capacity before it waits at a frozen
 	 * queue: one that waited out a shrink may end beyond the new end.
 	 */
-	if (bio_end_sector(bio) > get_capacity(bio->bi_bdev->bd_disk)) {
+	if (bio_sectors(bio) &&
+	    bio_end_sector(bio) > get_capacity(bio->bi_bdev->bd_disk)) {
 		bio_io_error(bio);
 		return;
 	}
@@ -225,9 +267,9 @@ bool hybd_front_is(struct hybd_dev *dev, struct gendisk *disk)
 }
 
 /**
- * hybd_front_alloc() - a front for @dev, with @lim as its limits
+ * hybd_front_alloc() - a front for @dev
  * @dev: the device, whose blk-mq disk is allocated, not yet added
- * @lim: the blk-mq disk's limits
+ * @lim: the blk-mq disk's limits, as hybd_set_limits() makes them
  *
  * The front honours REQ_NOWAIT (a clone keeps it; what it passes, the
  * blk-mq disk honours): without BLK_FEAT_NOWAIT io_uring would hand every

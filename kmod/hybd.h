@@ -169,6 +169,9 @@ struct hybd_tag {
 	u16		srv_flags;
 	bool		bpf_data;	/* a read's payload is the device's data */
 	bool		in_submit;	/* submit() runs: remap is allowed */
+	/* counted in the front's iostats, from @acct_start (jiffies) */
+	bool		front_acct;
+	unsigned long	acct_start;
 	struct hybd_bpf_io bio;		/* what the BPF program sees */
 	struct hybd_remap remap;
 };
@@ -417,10 +420,15 @@ int hybd_dev_delete(struct hybd_dev *dev, u32 flags, bool killable);
 void hybd_dev_put(struct hybd_dev *dev);
 bool hybd_dev_owns_disk(struct hybd_dev *dev, struct gendisk *disk);
 
-/* The disk users open: the front if there is one; NULL until started. */
+/*
+ * The disk users open: the front if the device has one (the disk behind
+ * it is set first); NULL until started.
+ */
 static inline struct gendisk *hybd_dev_bdisk(struct hybd_dev *dev)
 {
-	return READ_ONCE(dev->front) ?: READ_ONCE(dev->disk);
+	if (dev->params.basic.flags & HYBD_DEV_F_BIO_FRONT)
+		return READ_ONCE(dev->front);
+	return READ_ONCE(dev->disk);
 }
 
 /* params.c */
@@ -440,6 +448,8 @@ struct hybd_reissue {
 int hybd_queue_resume(struct hybd_queue *q, struct hybd_reissue *list);
 void hybd_rq_copy(struct request *rq, u32 off, void *buf, u32 len, bool to_rq);
 u16 hybd_bio_flags(blk_opf_t opf);
+void hybd_end_request(struct hybd_queue *q, struct request *rq,
+		      blk_status_t sts);
 void hybd_count_front(struct hybd_queue *q, const struct hybd_bpf_io *io,
 		      u64 start_ns);
 

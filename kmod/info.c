@@ -72,14 +72,15 @@ static void hybd_dev_sum_stats(struct hybd_dev *dev, struct hybd_dev_stats *s)
 
 void hybd_dev_fill_info(struct hybd_dev *dev, struct hybd_dev_info *info)
 {
+	struct gendisk *disk;
+
 	spin_lock(&dev->state_lock);
 	info->state = dev->state;
 	/* the pid as the caller's namespace sees it (0 if it cannot) */
 	info->server_pid = dev->server_open ? pid_vnr(dev->server_pid) : 0;
-	/* the disk users open: the front, if there is one */
-	if (dev->disk) {
-		struct gendisk *disk = dev->front ?: dev->disk;
-
+	/* the disk users open: the front, if the device has one */
+	disk = hybd_dev_bdisk(dev);
+	if (disk) {
 		info->disk_major = disk->major;
 		info->disk_minor = disk->first_minor;
 	}

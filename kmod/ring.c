@@ -198,7 +198,7 @@ static void hybd_end_slow(struct hybd_queue *q, struct hybd_tag *t, int res,
 			     blk_rq_bytes(rq), true);
 	t->bio.result = bad ? -EIO : res;
 	hybd_bpf_complete(q, t);
-	blk_mq_end_request(rq, sts);
+	hybd_end_request(q, rq, sts);
 }
 
 /**

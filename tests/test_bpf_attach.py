@@ -425,7 +425,8 @@ def test_valid_errno_fails_exactly_the_chosen_requests(ramdisk, fastpath):
 
 # (program, what the verifier says)
 BADVERIFY = [("badverify", r"only hybd_bpf_io\.scratch is writable"),
-             ("badverify-map", r"invalid access to map value")]
+             ("badverify-map", r"invalid access to map value"),
+             ("badverify-forge", r"must point to scalar")]
 
 
 def test_verifier_refusal_is_reported_and_attaches_nothing(ramdisk,

@@ -30,12 +30,14 @@ def front_of(dev):
 
 def test_front_clones_bios_and_keeps_data_where_it_belongs(servers, fastpath,
                                                             tmp_path):
-    """fio --verify at 512 B to 1 MiB, QD1 and QD32, 2 jobs, and io_uring
-    submitting 16 at a time (which queue_rq would send to the workers):
-    every read and write is cloned in the front, none reaches a request;
-    the data lands on the target at the same offsets, and where the
-    target's page cache holds a range, the bio goes through the request
-    path and its direct I/O, which keeps that cache coherent."""
+    """fio --verify with io_uring submitting 16 at a time (which queue_rq
+    would send to the workers), then at 512 B to 1 MiB, QD1 and QD32:
+    nearly every read and write is cloned in the front, without a
+    request; the rest (a range the target's page cache holds, a bio the
+    target would have to split) is remapped by submit().  The data lands on the
+    target at the same offsets, and where the target's page cache holds a
+    range, the bio goes through the request path and its direct I/O,
+    which keeps that cache coherent."""
     size = 64 * MiB
     with loop_device(sparse(tmp_path / "disk.img", size)) as target:
         srv = start_loop(servers, target, "--front", "--block-size", "512")
@@ -44,22 +46,33 @@ def test_front_clones_bios_and_keeps_data_where_it_belongs(servers, fastpath,
         fastpath.attach(prog("loop"), srv.dev)
         base = stats(srv.dev)
         ios = disk_completed_ios(srv.dev)
-        for bs, qd, per_job in CASES:
-            fio_verify(srv.dev, bs, per_job, 2, iodepth=qd)
         fio_verify(srv.dev, "4k", "8M", 2, iodepth=32,
                    extra=("--iodepth_batch_submit=16",
                           "--iodepth_batch_complete_min=16"))
+        d = delta(stats(srv.dev), base)
+        assert d["slow_issued"] == 0, d
+        assert d["remapped"] == d["fast_done"] == \
+            d["reads"] + d["writes"] > 0, d
+        # (those whose range the target's page cache held go on: udev's
+        # probe read the target through it)
+        assert d["remap_front"] >= d["remapped"] * 9 // 10, d
+        batched = d
+        for bs, qd, per_job in CASES:
+            fio_verify(srv.dev, bs, per_job, 2, iodepth=qd)
         mid = stats(srv.dev)
         d = delta(mid, base)
+        # io_uring's bios are REQ_NOWAIT: one the target would split
+        # (1 MiB of scattered pages, over its segments) goes on to a
+        # request, which the workers remap where they may wait
         assert d["slow_issued"] == 0, d
-        assert d["remap_front"] == d["remapped"] == d["fast_done"] == \
+        assert d["remapped"] == d["fast_done"] == \
             d["reads"] + d["writes"] > 0, d
-        assert (d["remap_direct"], d["remap_runs"], d["fast_errors"],
-                d["bpf_bad_ret"]) == (0, 0, 0, 0), d
+        assert d["remapped"] * 9 // 10 <= d["remap_front"] <= d["remapped"], d
+        assert (d["fast_errors"], d["bpf_bad_ret"]) == (0, 0), d
         g = prog_globals(srv.dev)
         assert g["mapped"] == d["remap_front"] and g["remap_errors"] == 0, g
-        # the front's iostats count what it cloned
-        assert disk_completed_ios(srv.dev) - ios >= d["remap_front"]
+        # the front's iostats count what it cloned, and what it passed
+        assert disk_completed_ios(srv.dev) - ios >= d["remapped"]
 
         check_offsets(srv.dev, target, size, "front")
         d = delta(stats(srv.dev), mid)
@@ -67,6 +80,8 @@ def test_front_clones_bios_and_keeps_data_where_it_belongs(servers, fastpath,
         # the ranges the target's page cache held went to submit()
         assert d["remapped"] > d["remap_front"], d
         record("test_front_clones_bios_and_keeps_data_where_it_belongs",
+               f"batched: front={batched['remap_front']} "
+               f"remapped={batched['remapped']}; all: "
                f"front={mid['remap_front']} remapped={mid['remapped']}")
         detach_ok(srv.dev)
         srv.stop()
@@ -90,6 +105,7 @@ def test_front_passes_what_it_cannot_clone(dio_fs, servers, fastpath):
     detach_ok(srv.dev)
 
     base = stats(srv.dev)
+    ios = disk_completed_ios(srv.dev)
     data = pattern("front-slow", 256 * 1024)
     with open(srv.dev, "r+b", buffering=0) as f:
         assert os.pwrite(f.fileno(), data, 3 * MiB) == len(data)
@@ -98,6 +114,8 @@ def test_front_passes_what_it_cannot_clone(dio_fs, servers, fastpath):
     d = delta(stats(srv.dev), base)
     assert d["remap_front"] == d["remapped"] == 0, d
     assert d["slow_done"] == d["slow_issued"] > 0 and d["flushes"] > 0, d
+    # the front's iostats count what the disk behind served for it
+    assert disk_completed_ios(srv.dev) - ios == d["slow_done"], d
     srv.stop()
 
 

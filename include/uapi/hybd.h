@@ -1036,6 +1036,16 @@ struct hybd_bpf_io {
 	__u32	own;
 	__u32	path;		/* complete(): HYBD_BPF_PATH_* */
 	__u64	scratch;	/* program-owned, per request */
+#ifdef __KERNEL__
+	/*
+	 * Not the program's (it is not in the programs' view of the struct,
+	 * and the kernel never sets it).  A struct of scalars only is one
+	 * the verifier lets a program pass a kfunc from its own stack or
+	 * maps; with a pointer in it, the kfuncs take only the io the
+	 * kernel gave.
+	 */
+	void	*kernel_only;
+#endif
 };
 
 #define HYBD_BPF_NAME_LEN	16

@@ -5,7 +5,9 @@
  *
  * By default submit() writes io->op, which the module's
  * btf_struct_access refuses (only io->scratch is writable).  With
- * -DBAD_MAP_READ it reads the word after an 8-byte map value instead.
+ * -DBAD_MAP_READ it reads the word after an 8-byte map value instead;
+ * with -DFORGED_IO it passes hybd_bpf_io_remap() an io of its own making,
+ * on its stack, which would have the kernel trust what the program wrote.
  */
 #include "hybd.bpf.h"
 
@@ -27,6 +29,17 @@ int BPF_STRUCT_OPS(badverify_submit, struct hybd_bpf_io *io)
 	/* v[1] is past the end of the value */
 	if (v)
 		io->scratch = v[1];
+	return HYBD_BPF_PASS;
+}
+#elif defined(FORGED_IO)
+int BPF_STRUCT_OPS(badverify_submit, struct hybd_bpf_io *io)
+{
+	struct hybd_bpf_io forged = {
+		.op = HYBD_OP_READ, .bytes = 4096, .tag = HYBD_BPF_TAG_FRONT,
+	};
+
+	if (!hybd_bpf_io_remap(&forged, 0, 0))
+		return HYBD_BPF_REMAPPED;
 	return HYBD_BPF_PASS;
 }
 #else
