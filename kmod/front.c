@@ -61,6 +61,14 @@ static bool hybd_front_takes_whole(struct block_device *bdev,
 	end = (start + max) & ~(pbs - 1);
 	if (end > start)
 		max = end - start;
+	if (bio_sectors(bio) > max)
+		return false;
+	/* one segment within a page (a 4 KiB read): no walk */
+	if (bio->bi_vcnt == 1 &&
+	    bio->bi_io_vec->bv_offset + bio->bi_io_vec->bv_len <= PAGE_SIZE &&
+	    bio->bi_io_vec->bv_len <= lim->max_segment_size &&
+	    lim->seg_boundary_mask >= PAGE_SIZE - 1)
+		return true;
 	return bio_split_rw_at(bio, lim, &segs, max << SECTOR_SHIFT) == 0;
 }
 
