@@ -136,15 +136,6 @@ static void hybd_front_end(struct bio *clone)
 }
 
 /*
- * What a clone keeps of its bio's flags: the hints, and REQ_NOWAIT (its
- * BLK_STS_AGAIN goes back to the submitter, as dm's does); durability is
- * set anew.
- */
-#define HYBD_FRONT_KEEP	(REQ_SYNC | REQ_META | REQ_PRIO | REQ_IDLE | \
-			 REQ_BACKGROUND | REQ_RAHEAD | REQ_FAILFAST_MASK | \
-			 REQ_NOWAIT)
-
-/*
  * Run map() on a read or write and, if it remapped and the kernel can
  * take it, start the clone.  Return: whether it did; else the bio is the
  * caller's to pass, untouched.
@@ -208,7 +199,8 @@ static bool hybd_front_map(struct hybd_dev *dev, struct bio *bio)
 		      !bdev_write_cache(bio->bi_bdev)))
 		opf |= REQ_FUA;
 	/* REQ_ALLOC_CACHE: bio_put() gives it back to the per-CPU cache */
-	clone->bi_opf = opf | (bio->bi_opf & HYBD_FRONT_KEEP) |
+	/* REQ_NOWAIT stays: BLK_STS_AGAIN goes back, as dm's does */
+	clone->bi_opf = opf | (bio->bi_opf & (HYBD_CLONE_KEEP | REQ_NOWAIT)) |
 			(clone->bi_opf & REQ_ALLOC_CACHE);
 	clone->bi_iter.bi_sector = f->pos >> SECTOR_SHIFT;
 	clone->bi_end_io = hybd_front_end;
@@ -306,13 +298,7 @@ struct gendisk *hybd_front_alloc(struct hybd_dev *dev,
  */
 void hybd_front_drop(struct hybd_dev *dev, struct hybd_front_io *f)
 {
-	struct hybd_backing *b = f->target;
-
-	/* fully ordered, as in hybd_remap_drop() */
-	if (f->bio.op == HYBD_OP_WRITE && !atomic_dec_return(&b->writers) &&
-	    READ_ONCE(b->settled))
-		queue_work(dev->remap_wq, &dev->reap_work);
-	hybd_backing_put(b);
+	hybd_remap_unuse(dev, f->target, f->bio.op);
 	f->target = NULL;
 }
 

@@ -96,6 +96,15 @@ static inline bool hybd_remap_writes(u32 op)
 	return op != HYBD_OP_READ && op != HYBD_OP_FLUSH;
 }
 
+/*
+ * What a clone (queue_rq's, the front's) keeps of its bio's flags: hints
+ * for the target's scheduler and throttling, not how the bio was
+ * submitted (REQ_POLLED, the bio's allocation cache: the clone has its
+ * own bit, from bio_alloc_clone()) nor its durability, which is set anew.
+ */
+#define HYBD_CLONE_KEEP	(REQ_SYNC | REQ_META | REQ_PRIO | REQ_IDLE | \
+			 REQ_BACKGROUND | REQ_RAHEAD | REQ_FAILFAST_MASK)
+
 /* Whether @op is a read or write: direct I/O, started from a batch. */
 static inline bool hybd_remap_is_rw(u32 op)
 {
@@ -519,6 +528,8 @@ void hybd_remap_init_queue(struct hybd_queue *q);
 int hybd_remap_prepare(struct hybd_queue *q, struct hybd_tag *t, u32 index,
 		       u64 offset);
 void hybd_remap_drop(struct hybd_queue *q, struct hybd_tag *t);
+void hybd_remap_unuse(struct hybd_dev *dev, struct hybd_backing *target,
+		      u32 op);
 bool hybd_remap_start(struct hybd_queue *q, struct hybd_tag *t, bool last);
 void hybd_remap_issue(struct hybd_queue *q, struct hybd_tag *t);
 int hybd_remap_init(void);

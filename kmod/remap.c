@@ -202,19 +202,31 @@ int hybd_remap_prepare_front(struct hybd_front_io *f, u32 index, u64 offset)
  */
 void hybd_remap_drop(struct hybd_queue *q, struct hybd_tag *t)
 {
-	struct hybd_backing *target = t->remap.target;
-
-	/*
-	 * After hybd_remap_end() counted it in @written; fully ordered: the
-	 * last write to a target taken off queues the reap, or the settling
-	 * sees no writer (pairs with hybd_backing_settle()).
-	 */
-	if (hybd_remap_writes(t->bio.op) &&
-	    !atomic_dec_return(&target->writers) && READ_ONCE(target->settled))
-		queue_work(q->dev->remap_wq, &q->dev->reap_work);
-	hybd_backing_put(t->remap.target);
+	hybd_remap_unuse(q->dev, t->remap.target, t->bio.op);
 	t->remap.target = NULL;
 	srcu_up_read(&q->dev->remap_srcu, t->remap.srcu_idx);
+}
+
+/**
+ * hybd_remap_unuse() - let go of a remap's target, which it used for @op
+ * @dev: the device
+ * @target: the target, referenced by hybd_remap_take()
+ * @op: the remap's operation
+ *
+ * For a request's remap and a front's alike; remap_srcu is the caller's.
+ */
+void hybd_remap_unuse(struct hybd_dev *dev, struct hybd_backing *target,
+		      u32 op)
+{
+	/*
+	 * After the end counted it in @written; fully ordered: the last
+	 * write to a target taken off queues the reap, or the settling sees
+	 * no writer (pairs with hybd_backing_settle()).
+	 */
+	if (hybd_remap_writes(op) &&
+	    !atomic_dec_return(&target->writers) && READ_ONCE(target->settled))
+		queue_work(dev->remap_wq, &dev->reap_work);
+	hybd_backing_put(target);
 }
 
 static void hybd_remap_queue(struct hybd_queue *q, struct hybd_tag *t,
@@ -929,15 +941,6 @@ static void hybd_remap_bio_done(struct bio *clone)
 		r->ret = t->bio.bytes;
 	hybd_remap_complete(t->rq);
 }
-
-/*
- * What a clone keeps of its bio's flags: hints for the target's
- * scheduler and throttling, not how the bio was submitted (REQ_POLLED,
- * the bio's allocation cache: the clone has its own bit, from
- * bio_alloc_clone()) nor its durability, which is set anew.
- */
-#define HYBD_CLONE_KEEP	(REQ_SYNC | REQ_META | REQ_PRIO | REQ_IDLE | \
-			 REQ_BACKGROUND | REQ_RAHEAD | REQ_FAILFAST_MASK)
 
 /* Clone @t's bios onto its target and submit them; false: not started. */
 static bool hybd_remap_bio(struct hybd_queue *q, struct hybd_tag *t)
