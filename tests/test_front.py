@@ -43,7 +43,7 @@ def test_front_clones_bios_and_keeps_data_where_it_belongs(servers, fastpath,
         srv = start_loop(servers, target, "--front", "--block-size", "512")
         front, behind = front_of(srv.dev)
         assert info(srv.dev)["bio_front"] is True
-        fastpath.attach(prog("loop"), srv.dev)
+        fastpath.attach(prog("loop-count"), srv.dev)
         # what udev's probe read of the target through its page cache
         res = run([need_tool("blockdev"), "--flushbufs", target])
         assert res.returncode == 0, res.stderr

@@ -136,7 +136,7 @@ def test_bpf_loop_fio_verify(dio_fs, servers, fastpath, tmp_path, kind):
         # remapped writes are direct I/O from the request's own pages: a
         # file system on the device keeps them stable until written
         assert sysfs_queue(srv.dev, "stable_writes") == "1"
-        fastpath.attach(prog("loop"), srv.dev)
+        fastpath.attach(prog("loop-count"), srv.dev)
         base = stats(srv.dev)
         for bs, qd, per_job in CASES:
             fio_verify(srv.dev, bs, per_job, 2, iodepth=qd)
@@ -187,7 +187,7 @@ def test_block_device_target_errors_reach_the_submitter(servers, fastpath,
         srv = None
         try:
             srv = start_loop(servers, f"/dev/mapper/{dm}")
-            fastpath.attach(prog("loop"), srv.dev)
+            fastpath.attach(prog("loop-count"), srv.dev)
             base = stats(srv.dev)
             good = pattern("dm-good", 64 * 1024)
             for off in (third - len(good), 2 * third):
@@ -252,7 +252,7 @@ def test_block_device_target_batched_submissions(servers, fastpath,
     batch = ("--iodepth_batch_submit=16", "--iodepth_batch_complete_min=16")
     with loop_device(sparse(tmp_path / "disk.img", 32 * MiB)) as loop:
         srv = start_loop(servers, loop)
-        fastpath.attach(prog("loop"), srv.dev)
+        fastpath.attach(prog("loop-count"), srv.dev)
         base = stats(srv.dev)
         fio_verify(srv.dev, "4k", "8M", 2, iodepth=32, extra=batch)
         mid = stats(srv.dev)
