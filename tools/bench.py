@@ -112,9 +112,10 @@ per I/O, and which task ran on which CPU) at QD1 and QD32 4 KiB and QD1
 above do not say (docs/slow-path.md).
 
 --profile measures nothing either: perf samples every CPU while fio reads
-each selected line at QD32 (4 KiB), and the report gives each task's and
-function's CPU time per completed request (tools/reqtrace.py profile).  It
-needs perf (Debian's linux-perf), which the project's deps do not install.
+each selected line at QD32 (4 KiB; with --profile-seq, 128 KiB reads at
+QD8, random over the region, which a RAM-backed device serves as it does
+sequential ones), and the report gives each task's and function's CPU
+time per completed request (tools/reqtrace.py profile).  It needs perf (Debian's linux-perf), which the project's deps do not install.
 
 Run as root: tools/vm-run bench [ARGS], or directly on a >= 6.12 host.
 Exit status: 0 when every selected line was measured (whether the targets
@@ -1788,6 +1789,8 @@ def parse_args():
                     help="measure nothing: profile each line's QD32 4 KiB "
                          "reads with perf (tools/reqtrace.py profile: each "
                          "function's and task's CPU time per request)")
+    ap.add_argument("--profile-seq", action="store_true",
+                    help="with --profile: 128 KiB reads at QD8 instead")
     ap.add_argument("--trace", action="store_true",
                     help="measure nothing: trace each line at QD1 and QD32 "
                          "(4 KiB) and QD1 128 KiB "
@@ -1938,14 +1941,17 @@ def trace_lines(lines, args, info):
             if not line.dev:
                 continue
             try:
-                res = reqtrace.profile(line.dev, QD32)
+                res = (reqtrace.profile(line.dev, SEQ_QD, bs=SEQ_BS)
+                       if args.profile_seq else
+                       reqtrace.profile(line.dev, QD32))
             except (OSError, RuntimeError, ValueError,
                     subprocess.SubprocessError) as e:
                 say(f"profile {line.key}: {e}")
                 status = 1
                 continue
             out["lines"][line.key] = {"label": line.label, "profile": res}
-            print(f"\n{line.key}: QD32, {res['iops']} IOPS, "
+            what = f"QD{SEQ_QD} 128K" if args.profile_seq else "QD32"
+            print(f"\n{line.key}: {what}, {res['iops']} IOPS, "
                   f"{res['us_per_io']} us of {res['cpus']} CPUs per I/O; "
                   "per I/O, us:")
             print("  by task: " + ", ".join(f"{k} {v}" for k, v in
