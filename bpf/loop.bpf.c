@@ -31,6 +31,7 @@ __u64 remapped;		/* requests handed to the backing target */
 __u64 passed;		/* refused by the kernel: the server serves them */
 __u64 remap_errors;	/* remapped requests and bios that ended in error */
 __u64 mapped;		/* bios map() remapped in the front, as they end */
+__u64 again;		/* front bios the target could not take at once */
 #define LOOP_INC(counter)	hybd_atomic_fetch_add(&(counter), 1)
 #else
 #define LOOP_INC(counter)	do { } while (0)
@@ -56,6 +57,11 @@ int BPF_STRUCT_OPS(loop_map, struct hybd_bpf_io *io)
 #ifdef LOOP_COUNT
 void BPF_STRUCT_OPS(loop_complete, struct hybd_bpf_io *io)
 {
+	/* a REQ_NOWAIT bio, not started: its submitter starts it again */
+	if (io->result == -EAGAIN) {
+		LOOP_INC(again);
+		return;
+	}
 	if (io->tag == HYBD_BPF_TAG_FRONT)
 		LOOP_INC(mapped);
 	if (io->path == HYBD_BPF_PATH_REMAP && io->result)

@@ -278,6 +278,12 @@ void hybd_end_request(struct hybd_queue *q, struct request *rq,
 void hybd_count_front(struct hybd_queue *q, const struct hybd_bpf_io *io,
 		      u64 start_ns)
 {
+	/* not started: the submitter starts it again, where it may wait */
+	if (io->result == -EAGAIN) {
+		hybd_stat_inc(q, remap_waited);
+		return;
+	}
+	hybd_stat_inc(q, remap_front);
 	hybd_stat_inc(q, remapped);
 	hybd_stat_inc(q, fast_done);
 	if (io->result)

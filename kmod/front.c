@@ -42,45 +42,15 @@ static void hybd_front_pass(struct hybd_dev *dev, struct bio *bio)
 }
 
 /*
- * Whether @bdev takes a clone of @bio at @sector whole: a REQ_NOWAIT bio
- * it would split fails with BLK_STS_AGAIN, every time (the request path
- * starts those again where they may wait).  Its size as the block layer
- * counts it from that sector (a split keeps physical blocks whole), its
- * segments and gaps as bio_split_rw_at() does; no chunk boundaries.
- */
-static bool hybd_front_takes_whole(struct block_device *bdev,
-				   struct bio *bio, sector_t sector)
-{
-	const struct queue_limits *lim = &bdev_get_queue(bdev)->limits;
-	unsigned int pbs = lim->physical_block_size >> SECTOR_SHIFT;
-	unsigned int max = lim->max_sectors, start, end, segs;
-
-	if (lim->chunk_sectors)
-		return false;
-	start = sector & (pbs - 1);
-	end = (start + max) & ~(pbs - 1);
-	if (end > start)
-		max = end - start;
-	if (bio_sectors(bio) > max)
-		return false;
-	/* one segment within a page (a 4 KiB read): no walk */
-	if (bio->bi_vcnt == 1 &&
-	    bio->bi_io_vec->bv_offset + bio->bi_io_vec->bv_len <= PAGE_SIZE &&
-	    bio->bi_io_vec->bv_len <= lim->max_segment_size &&
-	    lim->seg_boundary_mask >= PAGE_SIZE - 1)
-		return true;
-	return bio_split_rw_at(bio, lim, &segs, max << SECTOR_SHIFT) == 0;
-}
-
-/*
  * Whether the kernel can take @f's remap here: a block device, whose
  * page cache holds none of the range (a clone would not keep it coherent,
  * the workers' direct I/O does; as there, a best effort against a program
  * reading the target meanwhile), that can say it would wait if the
- * submitter must not, and takes the clone whole then (a REQ_NOWAIT clone
- * it would split fails with BLK_STS_AGAIN, every time: the request path
- * starts it again where it may wait), and that is writable for a write
- * (direct I/O refuses it with EPERM; a bio would only be warned of).
+ * submitter must not (else a REQ_NOWAIT clone fails every time), and
+ * that is writable for a write (direct I/O refuses it with EPERM; a bio
+ * would only be warned of).  A REQ_NOWAIT clone the target would split
+ * ends with BLK_STS_AGAIN, which goes back to the submitter, as dm's
+ * does: io_uring submits it again from its workers, where it may wait.
  */
 static bool hybd_front_may_clone(struct hybd_front_io *f, struct bio *bio)
 {
@@ -94,9 +64,7 @@ static bool hybd_front_may_clone(struct hybd_front_io *f, struct bio *bio)
 	    filemap_range_has_page(bdev->bd_mapping, f->pos,
 				   f->pos + f->bio.bytes - 1))
 		return false;
-	if ((bio->bi_opf & REQ_NOWAIT) &&
-	    (!bdev_nowait(bdev) ||
-	     !hybd_front_takes_whole(bdev, bio, f->pos >> SECTOR_SHIFT)))
+	if ((bio->bi_opf & REQ_NOWAIT) && !bdev_nowait(bdev))
 		return false;
 	return bio_data_dir(bio) != WRITE || !bdev_read_only(bdev);
 }
@@ -110,7 +78,12 @@ static void hybd_front_end(struct bio *clone)
 	blk_status_t sts = clone->bi_status;
 	int idx = f->srcu_idx;
 
-	/* a REQ_NOWAIT clone the target could not take without waiting */
+	/*
+	 * A REQ_NOWAIT clone the target could not take without waiting (it
+	 * would split it, or is out of tags): nothing was read or written.
+	 * BLK_STS_AGAIN goes back; the submitter starts it again where it
+	 * may wait (io_uring: from its workers, through the front again).
+	 */
 	if ((clone->bi_opf & REQ_NOWAIT) && sts == BLK_STS_NOTSUPP)
 		sts = BLK_STS_AGAIN;
 	/*
@@ -118,7 +91,7 @@ static void hybd_front_end(struct bio *clone)
 	 * once it has seen the write end syncs it (hybd_remap_flush()); a
 	 * failed write may have changed some of the range too.
 	 */
-	if (f->bio.op == HYBD_OP_WRITE &&
+	if (f->bio.op == HYBD_OP_WRITE && sts != BLK_STS_AGAIN &&
 	    (dev->params.basic.flags & HYBD_DEV_F_WRITE_CACHE))
 		atomic64_inc(&f->target->written);
 	f->bio.result = blk_status_to_errno(sts);
@@ -208,7 +181,6 @@ static bool hybd_front_map(struct hybd_dev *dev, struct bio *bio)
 	f->acct = blk_queue_io_stat(bio->bi_bdev->bd_disk->queue);
 	if (f->acct)
 		f->acct_start = bio_start_io_acct(bio);
-	hybd_stat_inc(f->q, remap_front);
 	trace_block_bio_remap(clone, bio_dev(bio), bio->bi_iter.bi_sector);
 	/* joins current->bio_list: it goes once this submit_bio returns */
 	submit_bio_noacct(clone);

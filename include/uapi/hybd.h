@@ -365,7 +365,10 @@ struct hybd_dev_stats {
 	 * allocate blocks, take a lock, or fall back to buffered I/O, a
 	 * frozen file system, a block device out of tags or needing a
 	 * split) and was started again from a worker of
-	 * its own, where it may wait (a module that predates the counter
+	 * its own, where it may wait; in a bio-based front, a REQ_NOWAIT
+	 * bio its block-device target could not take without waiting,
+	 * which went back to the submitter with EAGAIN (io_uring submits it
+	 * again from its workers) (a module that predates the counter
 	 * leaves it 0)
 	 */
 	__u64	remap_waited;
@@ -395,8 +398,9 @@ struct hybd_dev_stats {
 	__u64	remap_polled;
 	/*
 	 * HYBD_DEV_F_BIO_FRONT: reads and writes map() remapped in the
-	 * front, cloned onto their block-device target without a request
-	 * (part of remapped; a module that predates the counter leaves it 0)
+	 * front, cloned onto their block-device target without a request,
+	 * as they end (part of remapped; a module that predates the counter
+	 * leaves it 0)
 	 */
 	__u64	remap_front;
 	__u64	reserved[2];
