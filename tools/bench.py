@@ -115,7 +115,8 @@ above do not say (docs/slow-path.md).
 each selected line at QD32 (4 KiB; with --profile-seq, 128 KiB reads at
 QD8, random over the region, which a RAM-backed device serves as it does
 sequential ones), and the report gives each task's and function's CPU
-time per completed request (tools/reqtrace.py profile).  It needs perf (Debian's linux-perf), which the project's deps do not install.
+time per completed request (tools/reqtrace.py profile).  It needs perf
+(Debian's linux-perf), which the project's deps do not install.
 
 Run as root: tools/vm-run bench [ARGS], or directly on a >= 6.12 host.
 Exit status: 0 when every selected line was measured (whether the targets
@@ -1937,20 +1938,19 @@ def trace_lines(lines, args, info):
     out = {"meta": info, "lines": {}}
     status = 0
     if args.profile:
+        qd, bs, what = ((SEQ_QD, SEQ_BS, f"QD{SEQ_QD} 128K")
+                        if args.profile_seq else (QD32, BS, "QD32"))
         for line in lines.values():
             if not line.dev:
                 continue
             try:
-                res = (reqtrace.profile(line.dev, SEQ_QD, bs=SEQ_BS)
-                       if args.profile_seq else
-                       reqtrace.profile(line.dev, QD32))
+                res = reqtrace.profile(line.dev, qd, bs=bs)
             except (OSError, RuntimeError, ValueError,
                     subprocess.SubprocessError) as e:
                 say(f"profile {line.key}: {e}")
                 status = 1
                 continue
             out["lines"][line.key] = {"label": line.label, "profile": res}
-            what = f"QD{SEQ_QD} 128K" if args.profile_seq else "QD32"
             print(f"\n{line.key}: {what}, {res['iops']} IOPS, "
                   f"{res['us_per_io']} us of {res['cpus']} CPUs per I/O; "
                   "per I/O, us:")
