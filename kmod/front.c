@@ -79,10 +79,12 @@ static void hybd_front_end(struct bio *clone)
 	int idx = f->srcu_idx;
 
 	/*
-	 * A REQ_NOWAIT clone the target could not take without waiting (it
-	 * would split it, or is out of tags): nothing was read or written.
-	 * BLK_STS_AGAIN goes back; the submitter starts it again where it
-	 * may wait (io_uring: from its workers, through the front again).
+	 * A REQ_NOWAIT clone a blk-mq target could not take without waiting
+	 * (it would split it, or is out of tags) ends with BLK_STS_AGAIN
+	 * before any of it is issued; that goes back, and the submitter
+	 * starts it again where it may wait (io_uring: from its workers,
+	 * through the front again).  NOTSUPP: the target stopped honouring
+	 * REQ_NOWAIT since hybd_front_may_clone() (a dm table reload).
 	 */
 	if ((clone->bi_opf & REQ_NOWAIT) && sts == BLK_STS_NOTSUPP)
 		sts = BLK_STS_AGAIN;
