@@ -274,12 +274,15 @@ void hybd_end_request(struct hybd_queue *q, struct request *rq,
 	blk_mq_end_request(rq, sts);
 }
 
-/* A read or write the front remapped has ended: count it. */
+/*
+ * A read or write the front remapped has ended: count it.  @waited: a
+ * REQ_NOWAIT clone ended with AGAIN, which the submitter starts again where
+ * it may wait; not a remap, nor an error.  Any other AGAIN is an error.
+ */
 void hybd_count_front(struct hybd_queue *q, const struct hybd_bpf_io *io,
-		      u64 start_ns)
+		      u64 start_ns, bool waited)
 {
-	/* not started: the submitter starts it again, where it may wait */
-	if (io->result == -EAGAIN) {
+	if (waited) {
 		hybd_stat_inc(q, remap_waited);
 		return;
 	}

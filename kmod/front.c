@@ -77,6 +77,7 @@ static void hybd_front_end(struct bio *clone)
 	struct bio *orig = f->orig;
 	blk_status_t sts = clone->bi_status;
 	int idx = f->srcu_idx;
+	bool waited;
 
 	/*
 	 * A REQ_NOWAIT clone a blk-mq target could not take without waiting
@@ -88,18 +89,22 @@ static void hybd_front_end(struct bio *clone)
 	 */
 	if ((clone->bi_opf & REQ_NOWAIT) && sts == BLK_STS_NOTSUPP)
 		sts = BLK_STS_AGAIN;
+	waited = (clone->bi_opf & REQ_NOWAIT) && sts == BLK_STS_AGAIN;
 	/*
 	 * Counted before the bio ends, so that a flush the submitter sends
-	 * once it has seen the write end syncs it (hybd_remap_flush()); a
-	 * failed write may have changed some of the range too.
+	 * once it has seen the write end syncs it (hybd_remap_flush()).  Any
+	 * end counts, AGAIN too: a failed write may have changed some of the
+	 * range, loop and ublk targets end a failed write with AGAIN even
+	 * without REQ_NOWAIT, and a bio-based target may have issued a first
+	 * piece before its AGAIN.  An extra sync costs less than a lost one.
 	 */
-	if (f->bio.op == HYBD_OP_WRITE && sts != BLK_STS_AGAIN &&
+	if (f->bio.op == HYBD_OP_WRITE &&
 	    (dev->params.basic.flags & HYBD_DEV_F_WRITE_CACHE))
 		atomic64_inc(&f->target->written);
 	f->bio.result = blk_status_to_errno(sts);
 	f->bio.path = HYBD_BPF_PATH_REMAP;
 	hybd_bpf_complete_front(dev, f);
-	hybd_count_front(f->q, &f->bio, f->start_ns);
+	hybd_count_front(f->q, &f->bio, f->start_ns, waited);
 	hybd_front_drop(dev, f);
 	if (f->acct)
 		bio_end_io_acct(orig, f->acct_start);

@@ -460,7 +460,7 @@ u16 hybd_bio_flags(blk_opf_t opf);
 void hybd_end_request(struct hybd_queue *q, struct request *rq,
 		      blk_status_t sts);
 void hybd_count_front(struct hybd_queue *q, const struct hybd_bpf_io *io,
-		      u64 start_ns);
+		      u64 start_ns, bool waited);
 
 /* bpf.c */
 int hybd_bpf_init(void);

@@ -1083,8 +1083,18 @@ struct hybd_bpf_ops {
 	 * whether this program's submit() passed or remapped it.  A read's
 	 * payload is readable only if io->result is 0.
 	 *
+	 * For a bio the front remapped (io->tag HYBD_BPF_TAG_FRONT),
+	 * io->result -EAGAIN may mean the bio asked not to wait and the
+	 * target could not take it so: nothing of it was done, and if its
+	 * submitter starts it again it comes back through map().  It is not
+	 * the target failing; a program that picks among targets must not
+	 * take it for a path error.
+	 *
 	 * Context: the server's commit (process context, under RCU), or for
-	 * a remap the request's completion (softirq); must not sleep.
+	 * a remap the request's or the clone's completion (a remap worker,
+	 * a softirq, the target's hard interrupt, or, for a front's clone
+	 * the target ended at once, the submitter's own submit_bio());
+	 * must not sleep.
 	 *
 	 * Return: nothing; the request ends with that status.
 	 */
