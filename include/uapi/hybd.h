@@ -1085,8 +1085,9 @@ struct hybd_bpf_ops {
 	 *
 	 * For a bio the front remapped (io->tag HYBD_BPF_TAG_FRONT),
 	 * io->result -EAGAIN may mean the bio asked not to wait and the
-	 * target could not take it so: nothing of it was done, and if its
-	 * submitter starts it again it comes back through map().  It is not
+	 * target could not take it so (a blk-mq target did none of it; a
+	 * bio-based one may have done a first part): if its submitter
+	 * starts it again, all of it comes back through map().  It is not
 	 * the target failing; a program that picks among targets must not
 	 * take it for a path error.
 	 *
