@@ -82,14 +82,22 @@ static void hybd_front_end(struct bio *clone)
 	/*
 	 * A REQ_NOWAIT clone a blk-mq target could not take without waiting
 	 * (it would split it, or is out of tags) ends with BLK_STS_AGAIN
-	 * before any of it is issued; that goes back, and the submitter
+	 * before any of it is issued (a bio-based one may have issued a first
+	 * piece); that goes back, and the submitter
 	 * starts it again where it may wait (io_uring: from its workers,
 	 * through the front again).  NOTSUPP: the target stopped honouring
 	 * REQ_NOWAIT since hybd_front_may_clone() (a dm table reload).
 	 */
 	if ((clone->bi_opf & REQ_NOWAIT) && sts == BLK_STS_NOTSUPP)
 		sts = BLK_STS_AGAIN;
-	waited = (clone->bi_opf & REQ_NOWAIT) && sts == BLK_STS_AGAIN;
+	/*
+	 * Ended where it was submitted: the block layer's would-block ends
+	 * run in the submitting task's submit_bio() (current->bio_list);
+	 * a target's own AGAIN (loop, ublk end some failed I/O so, REQ_NOWAIT
+	 * or not) comes from its completion, and is an error.
+	 */
+	waited = (clone->bi_opf & REQ_NOWAIT) && sts == BLK_STS_AGAIN &&
+		 in_task() && current->bio_list;
 	/*
 	 * Counted before the bio ends, so that a flush the submitter sends
 	 * once it has seen the write end syncs it (hybd_remap_flush()).  Any

@@ -1084,12 +1084,14 @@ struct hybd_bpf_ops {
 	 * payload is readable only if io->result is 0.
 	 *
 	 * For a bio the front remapped (io->tag HYBD_BPF_TAG_FRONT),
-	 * io->result -EAGAIN may mean the bio asked not to wait and the
-	 * target could not take it so (a blk-mq target did none of it; a
-	 * bio-based one may have done a first part): if its submitter
-	 * starts it again, all of it comes back through map().  It is not
-	 * the target failing; a program that picks among targets must not
-	 * take it for a path error.
+	 * io->result -EAGAIN most often means the bio asked not to wait and
+	 * the block layer could not take it so (remap_waited counts those;
+	 * a blk-mq target did none of it, a bio-based one may have done a
+	 * first part): if its submitter starts it again, all of it comes
+	 * back through map().  That is not the target failing, and a
+	 * program that picks among targets must not take -EAGAIN alone for
+	 * a path error; loop and ublk targets also end some failed I/O with
+	 * AGAIN, which the program cannot tell apart from it yet.
 	 *
 	 * Context: the server's commit (process context, under RCU), or for
 	 * a remap the request's or the clone's completion (a remap worker,
