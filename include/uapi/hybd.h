@@ -1094,10 +1094,9 @@ struct hybd_bpf_ops {
 	 * AGAIN, which the program cannot tell apart from it yet.
 	 *
 	 * Context: the server's commit (process context, under RCU), or for
-	 * a remap the request's or the clone's completion (a remap worker,
-	 * a softirq, the target's hard interrupt, or, for a front's clone
-	 * the target ended at once, the submitter's own submit_bio());
-	 * must not sleep.
+	 * a remap the request's or the clone's completion, in any context
+	 * (a remap worker, a softirq, the target's hard interrupt or its own
+	 * worker, or the submitter's own submit_bio()); must not sleep.
 	 *
 	 * Return: nothing; the request ends with that status.
 	 */
