@@ -276,8 +276,9 @@ void hybd_end_request(struct hybd_queue *q, struct request *rq,
 
 /*
  * A read or write the front remapped has ended: count it.  @waited: a
- * REQ_NOWAIT clone ended with AGAIN, which the submitter starts again where
- * it may wait; not a remap, nor an error.  Any other AGAIN is an error.
+ * REQ_NOWAIT clone ended with AGAIN in the submitter's own submit_bio(),
+ * which the submitter starts again where it may wait; not a remap, nor an
+ * error.  Any other AGAIN is an error.
  */
 void hybd_count_front(struct hybd_queue *q, const struct hybd_bpf_io *io,
 		      u64 start_ns, bool waited)

@@ -77,18 +77,19 @@ static void hybd_front_end(struct bio *clone)
 	struct bio *orig = f->orig;
 	blk_status_t sts = clone->bi_status;
 	int idx = f->srcu_idx;
+	bool nowait = clone->bi_opf & REQ_NOWAIT;
 	bool waited;
 
 	/*
 	 * A REQ_NOWAIT clone a blk-mq target could not take without waiting
 	 * (it would split it, or is out of tags) ends with BLK_STS_AGAIN
 	 * before any of it is issued (a bio-based one may have issued a first
-	 * piece); that goes back, and the submitter
-	 * starts it again where it may wait (io_uring: from its workers,
-	 * through the front again).  NOTSUPP: the target stopped honouring
-	 * REQ_NOWAIT since hybd_front_may_clone() (a dm table reload).
+	 * piece); that goes back, and the submitter starts it again where it
+	 * may wait (io_uring: from its workers, through the front again).
+	 * NOTSUPP: the target stopped honouring REQ_NOWAIT since
+	 * hybd_front_may_clone() (a dm table reload).
 	 */
-	if ((clone->bi_opf & REQ_NOWAIT) && sts == BLK_STS_NOTSUPP)
+	if (nowait && sts == BLK_STS_NOTSUPP)
 		sts = BLK_STS_AGAIN;
 	/*
 	 * Ended where it was submitted: the block layer's would-block ends
@@ -96,8 +97,8 @@ static void hybd_front_end(struct bio *clone)
 	 * a target's own AGAIN (loop, ublk end some failed I/O so, REQ_NOWAIT
 	 * or not) comes from its completion, and is an error.
 	 */
-	waited = (clone->bi_opf & REQ_NOWAIT) && sts == BLK_STS_AGAIN &&
-		 in_task() && current->bio_list;
+	waited = nowait && sts == BLK_STS_AGAIN && in_task() &&
+		 current->bio_list;
 	/*
 	 * Counted before the bio ends, so that a flush the submitter sends
 	 * once it has seen the write end syncs it (hybd_remap_flush()).  Any
