@@ -86,8 +86,20 @@ guest-deps:
 bench-deps:
 	$(Q)./tools/bench-deps.sh
 
+# With KVER (a supported kernel: 6.12, 7.2, 7.3; tools/kernels list), the
+# module is built against that kernel's Debian headers in a copy,
+# results/kmod-<release>/, and the test and bench guests boot that kernel.
 kmod:
+ifeq ($(KVER),)
 	$(Q)$(MAKE) -C $(kdir) M=$(CURDIR)/kmod modules $(if $(filter 1,$(V)),V=1,)
+else
+	$(Q)./tools/kernels prepare $(KVER)
+	$(Q)./tools/kernels kmod $(KVER) $(if $(filter 1,$(V)),V=1,) >/dev/null
+endif
+
+# what tools/vm-run needs to boot KVER with its module (nothing without)
+vm_env = $(if $(KVER),eval "$$(./tools/kernels env $(KVER))" && \
+	export HYBD_VM_KERNEL HYBD_KMOD &&)
 
 lib:
 	$(Q)$(MAKE) -C libhybd
@@ -124,7 +136,7 @@ unit: lib bpf examples
 test: guest-deps
 	$(Q)$(MAKE) all
 	$(Q)$(MAKE) unit
-	$(Q)HYBD_VM_TIMEOUT=$${HYBD_VM_TIMEOUT:-3600} \
+	$(Q)$(vm_env) HYBD_VM_TIMEOUT=$${HYBD_VM_TIMEOUT:-3600} \
 		./tools/vm-run tests $(PYTEST_ARGS)
 
 # The same suite with every variant of a parametrized test crossed with
@@ -135,7 +147,7 @@ test: guest-deps
 test-long: guest-deps
 	$(Q)$(MAKE) all
 	$(Q)$(MAKE) unit
-	$(Q)HYBD_LONG=1 HYBD_VM_TIMEOUT=$${HYBD_VM_TIMEOUT:-10800} \
+	$(Q)$(vm_env) HYBD_LONG=1 HYBD_VM_TIMEOUT=$${HYBD_VM_TIMEOUT:-10800} \
 		./tools/vm-run tests $(PYTEST_ARGS)
 
 # The module is built against the debug kernel's tree in a copy of kmod/
@@ -150,7 +162,7 @@ test-debug: guest-deps
 bench: guest-deps
 	$(Q)./tools/bench-deps.sh || echo "make bench: no rublk: the ublk lines will not be measured"
 	$(Q)$(MAKE) all
-	$(Q)./tools/vm-run bench $(BENCH_ARGS)
+	$(Q)$(vm_env) ./tools/vm-run bench $(BENCH_ARGS)
 
 demo: guest-deps
 	$(Q)$(MAKE) all
@@ -178,11 +190,13 @@ uninstall:
 # The module's sources as DKMS wants them: dkms.conf (versioned), kmod/,
 # the UAPI header and VERSION, in the tree's layout (kmod/Kbuild reads
 # ../include and ../VERSION).
-kmod_src = $(filter-out %.mod.c,$(wildcard kmod/*.c kmod/*.h))
+kmod_src = $(filter-out %.mod.c kmod/compat-gen.h,$(wildcard kmod/*.c kmod/*.h)) \
+	kmod/conftest.sh
 dkms-src:
 	rm -rf $(DKMS_SRC)
 	$(INSTALL) -d $(DKMS_SRC)/kmod $(DKMS_SRC)/include/uapi
 	$(INSTALL) -m 644 kmod/Kbuild $(kmod_src) $(DKMS_SRC)/kmod/
+	chmod 755 $(DKMS_SRC)/kmod/conftest.sh
 	$(INSTALL) -m 644 include/uapi/hybd.h $(DKMS_SRC)/include/uapi/
 	$(INSTALL) -m 644 VERSION $(DKMS_SRC)/
 	sed 's/@VERSION@/$(HYBD_VERSION)/' dkms.conf >$(DKMS_SRC)/dkms.conf
@@ -214,7 +228,7 @@ help:
 
 clean:
 	$(Q)rm -f kmod/*.o kmod/*.ko kmod/*.mod kmod/*.mod.c kmod/.*.cmd \
-		kmod/Module.symvers kmod/modules.order
+		kmod/Module.symvers kmod/modules.order kmod/compat-gen.h
 	$(Q)$(MAKE) -C libhybd clean
 	$(Q)$(MAKE) -C tools clean
 	$(Q)$(MAKE) -C examples/ramdisk clean

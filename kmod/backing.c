@@ -83,11 +83,22 @@ static DEFINE_MUTEX(hybd_stack_lock);
 #define HYBD_STACK_DEPTH	8
 
 /*
+ * Whether a holder's operations are a file system's: those freeze and
+ * thaw it with the device (fs_holder_ops), while a stacking driver's have
+ * no freeze (md's) or are none (dm's, and btrfs's in 6.12, which claims
+ * its devices without them).  fs_holder_ops itself is private to
+ * fs/super.c in 7.3, so it cannot be compared with.
+ */
+static bool hybd_holder_is_fs(const struct blk_holder_ops *ops)
+{
+	return ops && ops->freeze;
+}
+
+/*
  * Whether a block device of @dev's disk (the whole disk or a partition)
  * is claimed by file system @sb (its data, a btrfs device, an XFS log or
  * realtime device, an ext4 journal) or, if @sb is NULL, by anything but
- * a file system (a stacking driver: dm, md; btrfs too, which claims its
- * devices without holder operations).
+ * a file system (a stacking driver: dm, md).
  */
 static bool hybd_disk_claimed(struct hybd_dev *dev, struct super_block *sb)
 {
@@ -106,7 +117,7 @@ static bool hybd_disk_claimed(struct hybd_dev *dev, struct super_block *sb)
 		if (!holder)
 			continue;
 		if (sb ? holder == sb :
-		    READ_ONCE(part->bd_holder_ops) != &fs_holder_ops) {
+		    !hybd_holder_is_fs(READ_ONCE(part->bd_holder_ops))) {
 			claimed = true;
 			break;
 		}

@@ -100,7 +100,7 @@ static int hybd_dev_init_tag_set(struct hybd_dev *dev)
 	 * every request would pay instead of being issued directly, while
 	 * what lies below (a server's disk, a remap target) has its own.
 	 */
-	set->flags = BLK_MQ_F_SHOULD_MERGE | BLK_MQ_F_BLOCKING |
+	set->flags = HYBD_MQ_F_MERGE | BLK_MQ_F_BLOCKING |
 		     BLK_MQ_F_NO_SCHED_BY_DEFAULT;
 	set->driver_data = dev;
 	return blk_mq_alloc_tag_set(set);
@@ -284,10 +284,11 @@ struct hybd_dev *hybd_dev_create(const struct hybd_params *p, u32 id)
 	dev->remap_batch_wq = alloc_workqueue("hybd%u_batch",
 					      WQ_MEM_RECLAIM | WQ_UNBOUND, 0,
 					      dev->id);
-	dev->remap_local_wq = alloc_workqueue("hybd%u_local", WQ_MEM_RECLAIM,
+	dev->remap_local_wq = alloc_workqueue("hybd%u_local",
+					      WQ_MEM_RECLAIM | HYBD_WQ_PERCPU,
 					      0, dev->id);
 	dev->remap_beside_wq = alloc_workqueue("hybd%u_beside",
-					       WQ_MEM_RECLAIM |
+					       WQ_MEM_RECLAIM | HYBD_WQ_PERCPU |
 					       WQ_CPU_INTENSIVE, 0, dev->id);
 	if (!dev->remap_wq || !dev->remap_batch_wq || !dev->remap_local_wq ||
 	    !dev->remap_beside_wq) {

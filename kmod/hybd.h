@@ -33,6 +33,7 @@
 #include <linux/workqueue.h>
 
 #include "uapi/hybd.h"
+#include "compat.h"
 
 struct hybd_bpf_prog;
 struct hybd_backing;

@@ -397,7 +397,8 @@ static void hybd_remap_rw(struct hybd_tag *t, bool nowait)
 	struct file *file = r->target->file;
 	bool write = t->bio.op == HYBD_OP_WRITE;
 	struct req_iterator it;
-	struct bio_vec bv, *bvec;
+	const struct bio_vec *bvec;
+	struct bio_vec bv, *vecs;
 	struct iov_iter iter;
 	unsigned int nr = 0;
 	size_t skip = 0;
@@ -408,27 +409,27 @@ static void hybd_remap_rw(struct hybd_tag *t, bool nowait)
 	r->nowait = nowait && hybd_remap_can_nowait(t, file);
 	if (rq->bio != rq->biotail) {
 		if (!r->bvec) {
-			bvec = kmalloc_array(nr, sizeof(*bvec), nowait ?
+			vecs = kmalloc_array(nr, sizeof(*vecs), nowait ?
 					     GFP_NOWAIT | __GFP_NOWARN :
 					     GFP_NOIO);
-			if (!bvec && nowait) {
+			if (!vecs && nowait) {
 				hybd_remap_wait(q, r);
 				return;
 			}
-			if (!bvec) {
+			if (!vecs) {
 				r->ret = -ENOMEM;
 				hybd_remap_complete(rq);
 				return;
 			}
-			r->bvec = bvec;
+			r->bvec = vecs;
 			rq_for_each_bvec(bv, rq, it)
-				*bvec++ = bv;
+				*vecs++ = bv;
 		}
 		bvec = r->bvec;
 	} else {
 		/* a split bio may start inside its first bio_vec */
 		bvec = __bvec_iter_bvec(rq->bio->bi_io_vec, rq->bio->bi_iter);
-		skip = rq->bio->bi_iter.bi_bvec_done;
+		skip = hybd_bvec_iter_offset(&rq->bio->bi_iter);
 	}
 	iov_iter_bvec(&iter, write ? ITER_SOURCE : ITER_DEST, bvec, nr,
 		      blk_rq_bytes(rq));

@@ -104,7 +104,7 @@ static int hybd_resize_freeze(struct request_queue *q, unsigned long timeout)
 		else if (time_after(jiffies, end))
 			ret = -EBUSY;
 		if (ret) {
-			blk_mq_unfreeze_queue(q);
+			hybd_unfreeze_queue(q);
 			return ret;
 		}
 	}
@@ -257,7 +257,7 @@ int hybd_dev_resize(struct hybd_dev *dev, u64 size, bool ask)
 		ret = hybd_resize_freeze(disk->queue, hybd_resize_timeout(dev));
 		if (ret) {
 			if (front)
-				blk_mq_unfreeze_queue(front->queue);
+				hybd_unfreeze_queue(front->queue);
 			goto out_unblock;
 		}
 	}
@@ -272,9 +272,9 @@ int hybd_dev_resize(struct hybd_dev *dev, u64 size, bool ask)
 	}
 	spin_unlock(&dev->state_lock);
 	if (shrink) {
-		blk_mq_unfreeze_queue(disk->queue);
+		hybd_unfreeze_queue(disk->queue);
 		if (front)
-			blk_mq_unfreeze_queue(front->queue);
+			hybd_unfreeze_queue(front->queue);
 	}
 	if (ret)
 		goto out_unblock;

@@ -215,6 +215,10 @@ def test_dkms_sources_are_complete_and_versioned(tmp_path):
         assert (src / "kmod" / o.replace(".o", ".c")).is_file(), o
     assert not list((src / "kmod").glob("*.mod.c"))
     assert not list((src / "kmod").glob("*.o"))
+    # the feature tests go along, never what they wrote for this kernel
+    assert os.access(src / "kmod/conftest.sh", os.X_OK)
+    assert (src / "kmod/compat.h").is_file()
+    assert not (src / "kmod/compat-gen.h").exists()
 
 
 @pytest.mark.parametrize("version, ok", [

@@ -40,7 +40,7 @@ dwarves pkg-config kmod udev"
 # against for it, qemu and virtme-ng (from PyPI, below), and what the
 # suite, the benchmark and the demo run in it
 GUEST_PKGS="linux-image-6.12-amd64 linux-headers-6.12-amd64 qemu-system-x86 \
-busybox-static fio nbdkit nbd-client iproute2 util-linux e2fsprogs llvm-14 cryptsetup-bin dmsetup \
+busybox-static fio nbdkit nbd-client iproute2 util-linux e2fsprogs llvm-14 cryptsetup-bin dmsetup debootstrap \
 python3-pytest python3-matplotlib python3-venv pipx"
 # from bookworm-backports: bookworm's libbpf 1.1 cannot load struct_ops
 # of a module's type
