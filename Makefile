@@ -154,7 +154,7 @@ test-long: guest-deps
 # (results/debug-kmod), so kmod/hybd.ko stays the regular one.
 test-debug: guest-deps
 	$(Q)$(MAKE) lib tools examples bpf
-	$(Q)./tools/debug-kernel test $(PYTEST_ARGS)
+	$(Q)KVER=$(KVER) ./tools/debug-kernel test $(PYTEST_ARGS)
 
 # bench-deps may fail (no Rust toolchain): the ublk lines then say why
 # they were not measured, the rest is measured all the same (and make bench
