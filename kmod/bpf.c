@@ -74,9 +74,25 @@ static DEFINE_MUTEX(hybd_bpf_lock);
 static LIST_HEAD(hybd_bpf_progs);
 static const struct btf *hybd_btf;
 
-BTF_ID_LIST(hybd_bpf_btf_ids)
-BTF_ID(struct, hybd_bpf_io)
-BTF_ID(struct, hybd_bpf_ops)
+/*
+ * Whether @id of @btf is struct hybd_bpf_io.  Not by a BTF_ID_LIST: a
+ * module's BTF built with a distilled base (7.x's Kbuild asks pahole >=
+ * 1.26 for one out of tree) is relocated when the module loads, and the
+ * ids resolve_btfids wrote into .BTF_ids stay the ones from before (the
+ * kernel relocates kfunc sets only).  A program holds a pointer into the module's
+ * own BTF only to the io its ops are given (hybd_bpf_io has no pointer to
+ * another struct), so a struct of its size there is it.
+ */
+static bool hybd_btf_is_io(const struct btf *btf, u32 id)
+{
+	const struct btf_type *t;
+
+	if (!btf || btf != hybd_btf)
+		return false;
+	t = btf_type_by_id(btf, id);
+	return t && btf_type_is_struct(t) &&
+	       t->size == sizeof(struct hybd_bpf_io);
+}
 
 static struct hybd_tag *hybd_io_tag(struct hybd_bpf_io *io)
 {
@@ -275,9 +291,9 @@ static int hybd_kfunc_filter(const struct bpf_prog *prog, u32 kfunc_id)
 {
 	if (!btf_id_set8_contains(&hybd_kfunc_ids, kfunc_id))
 		return 0;
+	/* the module's BTF has one struct_ops type: hybd_bpf_ops */
 	if (prog->type == BPF_PROG_TYPE_STRUCT_OPS && hybd_btf &&
-	    prog->aux->attach_btf == hybd_btf &&
-	    prog->aux->attach_btf_id == hybd_bpf_btf_ids[1])
+	    prog->aux->attach_btf == hybd_btf)
 		return 0;
 	return -EACCES;
 }
@@ -309,7 +325,7 @@ static int hybd_ops_btf_struct_access(struct bpf_verifier_log *log,
 				      const struct bpf_reg_state *reg,
 				      int off, int size)
 {
-	if (reg->btf == hybd_btf && reg->btf_id == hybd_bpf_btf_ids[0] &&
+	if (hybd_btf_is_io(reg->btf, reg->btf_id) &&
 	    off >= offsetof(struct hybd_bpf_io, scratch) &&
 	    off + size <= offsetofend(struct hybd_bpf_io, scratch))
 		return NOT_INIT;

@@ -256,18 +256,23 @@ size_t hybd__bpf_log_condense(char *out, size_t size, const char *log)
 
 /*
  * The verifier's verdict: the last line of its log that is not one of the
- * statistics lines that follow it.  Copied to @buf; "" if none.
+ * statistics lines that follow it, nor of the explanation that newer
+ * verifiers (7.x) add after it ("Verification failed: ...", "Reason:",
+ * "Suggestion:").  Copied to @buf; "" if none.
  */
 static void verifier_verdict(const char *log, char *buf, size_t size)
 {
 	const char *body = strstr(log, "-- BEGIN PROG LOAD LOG --\n");
 	const char *end = body ? strstr(body, "-- END PROG LOAD LOG --") : NULL;
-	const char *line, *eol;
+	const char *line, *eol, *why;
 
 	buf[0] = '\0';
 	if (!end)
 		return;
 	body = strchr(body, '\n') + 1;
+	why = strstr(body, "\nVerification failed:");
+	if (why && why < end)
+		end = why + 1;
 	for (eol = end; eol > body; eol = line) {
 		line = eol - 1;
 		while (line > body && line[-1] != '\n')
