@@ -8,13 +8,20 @@
 #   make test       guest-deps + build, then the whole suite in one guest boot,
 #                   each behaviour once, within 30 minutes of pytest
 #                   (PYTEST_ARGS="-k bpf" selects tests)
+#   make test KVER=7.3  the same on another supported kernel (6.12, 7.2,
+#                   7.3: tools/kernels list, docs/kernels.md): Debian's
+#                   image of it boots, the module is built against its
+#                   headers; fetched once into /var/cache/hybd (HYBD_CACHE)
+#   make test-kernels  make test on every supported kernel in turn, then
+#                   one table (kernel, passed, failed, skipped, time)
 #   make test-long  the same with the variants crossed and the full
 #                   reliability counts (20 kills, handovers and deletes per
 #                   case, 100,000 fuzz calls)
 #   make test-debug guest-deps + build, then the whole suite in a debug kernel
 #                   (KASAN, lockdep, KFENCE, UBSAN, kmemleak...) built once by
 #                   tools/debug-kernel and cached in /var/cache/hybd (HYBD_CACHE);
-#                   the first run builds it: about an hour on 2 cores
+#                   the first run builds it: about an hour on 2 cores;
+#                   KVER=7.3 builds Debian's linux-source-7.3 instead
 #   make bench      guest-deps + bench-deps + build, then hybd against
 #                   null_blk, ublk, loop, dm-crypt and nbd in one clean
 #                   guest (BENCH_ARGS="--only loop" selects lines); refuses
@@ -71,6 +78,7 @@ HYBD_VERSION := $(shell cat VERSION)
 DKMS_SRC = $(DESTDIR)/usr/src/hybd-$(HYBD_VERSION)
 
 .PHONY: all deps guest-deps bench-deps kmod lib tools examples bpf test test-long test-debug bench \
+	test-kernels \
 	demo clean check unit help install uninstall dkms-src dkms-install \
 	dkms-uninstall
 
@@ -138,6 +146,10 @@ test: guest-deps
 	$(Q)$(MAKE) unit
 	$(Q)$(vm_env) HYBD_VM_TIMEOUT=$${HYBD_VM_TIMEOUT:-3600} \
 		./tools/vm-run tests $(PYTEST_ARGS)
+
+# The suite on each supported kernel, one guest boot each (tools/test-kernels)
+test-kernels: guest-deps
+	$(Q)./tools/test-kernels
 
 # The same suite with every variant of a parametrized test crossed with
 # every other (tests/hybdlib.py: variants()) and the full counts of the

@@ -75,23 +75,42 @@ static LIST_HEAD(hybd_bpf_progs);
 static const struct btf *hybd_btf;
 
 /*
- * Whether @id of @btf is struct hybd_bpf_io.  Not by a BTF_ID_LIST: a
- * module's BTF built with a distilled base (7.x's Kbuild asks pahole >=
- * 1.26 for one out of tree) is relocated when the module loads, and the
- * ids resolve_btfids wrote into .BTF_ids stay the ones from before (the
- * kernel relocates kfunc sets only).  A program holds a pointer into the module's
- * own BTF only to the io its ops are given (hybd_bpf_io has no pointer to
- * another struct), so a struct of its size there is it.
+ * struct hybd_bpf_io's id in the module's BTF as loaded, which the
+ * verifier uses: read from the ops' own prototypes (hybd_op_io_id()) when
+ * a program is checked, never from a BTF_ID_LIST.  A module's BTF built
+ * with a distilled base (Kbuild asks pahole >= 1.26 for one out of tree:
+ * Debian's 7.x) is relocated when the module loads, and the ids that
+ * resolve_btfids wrote into .BTF_ids stay the ones from before (the
+ * kernel relocates kfunc sets and dtor ids only).  0 until a program was
+ * checked; then no write passes hybd_ops_btf_struct_access().
  */
-static bool hybd_btf_is_io(const struct btf *btf, u32 id)
+static u32 hybd_io_btf_id;
+
+/*
+ * The struct an op of hybd_bpf_ops takes (@member: a pointer to a
+ * function whose first argument points to struct hybd_bpf_io, for every
+ * op), by walking the module's BTF; 0 if it is not of that shape.
+ */
+static u32 hybd_op_io_id(const struct btf_member *member)
 {
 	const struct btf_type *t;
+	u32 id;
 
-	if (!btf || btf != hybd_btf)
-		return false;
-	t = btf_type_by_id(btf, id);
-	return t && btf_type_is_struct(t) &&
-	       t->size == sizeof(struct hybd_bpf_io);
+	t = btf_type_by_id(hybd_btf, member->type);
+	if (!t || !btf_type_is_ptr(t))
+		return 0;
+	t = btf_type_by_id(hybd_btf, t->type);
+	if (!t || !btf_type_is_func_proto(t) || !btf_type_vlen(t))
+		return 0;
+	t = btf_type_by_id(hybd_btf, btf_params(t)[0].type);
+	if (!t || !btf_type_is_ptr(t))
+		return 0;
+	id = t->type;
+	t = btf_type_by_id(hybd_btf, id);
+	if (!t || !btf_type_is_struct(t) ||
+	    t->size != sizeof(struct hybd_bpf_io))
+		return 0;
+	return id;
 }
 
 static struct hybd_tag *hybd_io_tag(struct hybd_bpf_io *io)
@@ -289,9 +308,13 @@ BTF_KFUNCS_END(hybd_kfunc_ids)
  */
 static int hybd_kfunc_filter(const struct bpf_prog *prog, u32 kfunc_id)
 {
-	if (!btf_id_set8_contains(&hybd_kfunc_ids, kfunc_id))
-		return 0;
-	/* the module's BTF has one struct_ops type: hybd_bpf_ops */
+	/*
+	 * A filter sees the kfuncs of its own BTF only: hybd's.  (Not
+	 * btf_id_set8_contains(&hybd_kfunc_ids, ...): the kernel relocates
+	 * a copy of the set, @kfunc_id is an id of the relocated BTF, and
+	 * hybd_kfunc_ids keeps the ids from before.)  The module's BTF has
+	 * one struct_ops type: hybd_bpf_ops.
+	 */
 	if (prog->type == BPF_PROG_TYPE_STRUCT_OPS && hybd_btf &&
 	    prog->aux->attach_btf == hybd_btf)
 		return 0;
@@ -325,7 +348,9 @@ static int hybd_ops_btf_struct_access(struct bpf_verifier_log *log,
 				      const struct bpf_reg_state *reg,
 				      int off, int size)
 {
-	if (hybd_btf_is_io(reg->btf, reg->btf_id) &&
+	u32 io_id = READ_ONCE(hybd_io_btf_id);
+
+	if (io_id && reg->btf == hybd_btf && reg->btf_id == io_id &&
 	    off >= offsetof(struct hybd_bpf_io, scratch) &&
 	    off + size <= offsetofend(struct hybd_bpf_io, scratch))
 		return NOT_INIT;
@@ -340,13 +365,22 @@ static const struct bpf_verifier_ops hybd_verifier_ops = {
 	.btf_struct_access	= hybd_ops_btf_struct_access,
 };
 
-/* The hooks run where sleeping is not allowed. */
+/*
+ * The hooks run where sleeping is not allowed.  Called before the
+ * verifier walks the program: the io's id is known before any write to
+ * it is checked.
+ */
 static int hybd_ops_check_member(const struct btf_type *t,
 				 const struct btf_member *member,
 				 const struct bpf_prog *prog)
 {
+	u32 id;
+
 	if (prog->sleepable)
 		return -EINVAL;
+	id = hybd_op_io_id(member);
+	if (id)
+		WRITE_ONCE(hybd_io_btf_id, id);
 	return 0;
 }
 

@@ -38,10 +38,11 @@
 #endif
 
 /*
- * End a freeze begun with blk_freeze_queue_start().  From Linux 6.14 the
- * freeze is a lock to lockdep and blk_mq_freeze_queue() saves the task's
- * memalloc flags for blk_mq_unfreeze_queue() to restore; a freeze started
- * by hand saved none, and ends with the _nomemrestore variant.
+ * End a freeze begun with blk_freeze_queue_start().  From Linux 6.14
+ * blk_mq_freeze_queue() saves the task's memalloc flags for
+ * blk_mq_unfreeze_queue() to restore; a freeze started by hand saved
+ * none, and ends with the _nomemrestore variant.  (Both release what
+ * lockdep took as the freeze's lock, which 6.12.117 already has.)
  */
 static inline void hybd_unfreeze_queue(struct request_queue *q)
 {
@@ -63,9 +64,10 @@ static inline unsigned int hybd_bvec_iter_offset(const struct bvec_iter *it)
 }
 
 /*
- * A workqueue bound to CPUs: the default until Linux 6.17 added WQ_PERCPU
- * to say so (unbound is to become the default; 7.x warns about a
- * workqueue that says neither).
+ * A workqueue bound to CPUs says so with WQ_PERCPU where the kernel has
+ * the flag (6.17, and 6.12.y from a backport: 6.12.117 has it), before
+ * unbound becomes the default; 7.x warns about a workqueue that says
+ * neither.  Without the flag, bound is the default.
  */
 #ifdef HYBD_HAVE_WQ_PERCPU
 #define HYBD_WQ_PERCPU		WQ_PERCPU

@@ -21,6 +21,7 @@
 #include <linux/blk-mq.h>
 #include <linux/blkdev.h>
 #include <linux/kobject.h>
+#include <linux/sched/mm.h>
 #include <linux/sched/signal.h>
 #include <linux/wait.h>
 
@@ -184,6 +185,7 @@ static int hybd_resize_ask(struct hybd_dev *dev, u64 size)
 int hybd_dev_resize(struct hybd_dev *dev, u64 size, bool ask)
 {
 	struct gendisk *disk = NULL, *front = NULL;
+	unsigned int noio = 0;
 	bool shrink;
 	u64 old;
 	int ret;
@@ -241,6 +243,14 @@ int hybd_dev_resize(struct hybd_dev *dev, u64 size, bool ask)
 		if (ret)
 			goto out_unblock;
 	}
+	/*
+	 * Nothing done while a queue is frozen may recurse into I/O through
+	 * reclaim (lockdep ties fs_reclaim to the freeze); a freeze started
+	 * by hand (hybd_resize_freeze()) does not make that so, as
+	 * blk_mq_freeze_queue() does.
+	 */
+	if (shrink)
+		noio = memalloc_noio_save();
 	if (shrink && front) {
 		/*
 		 * No bio in the front, and none of the remaps it started
@@ -249,8 +259,10 @@ int hybd_dev_resize(struct hybd_dev *dev, u64 size, bool ask)
 		 */
 		ret = hybd_resize_freeze(front->queue,
 					 hybd_resize_timeout(dev));
-		if (ret)
+		if (ret) {
+			memalloc_noio_restore(noio);
 			goto out_unblock;
+		}
 		synchronize_srcu(&dev->remap_srcu);
 	}
 	if (shrink) {
@@ -258,6 +270,7 @@ int hybd_dev_resize(struct hybd_dev *dev, u64 size, bool ask)
 		if (ret) {
 			if (front)
 				hybd_unfreeze_queue(front->queue);
+			memalloc_noio_restore(noio);
 			goto out_unblock;
 		}
 	}
@@ -275,6 +288,7 @@ int hybd_dev_resize(struct hybd_dev *dev, u64 size, bool ask)
 		hybd_unfreeze_queue(disk->queue);
 		if (front)
 			hybd_unfreeze_queue(front->queue);
+		memalloc_noio_restore(noio);
 	}
 	if (ret)
 		goto out_unblock;
