@@ -10,6 +10,4 @@ if [ ! -f "$cp" ]; then
 	exit 77
 fi
 exec perl "$cp" --no-tree --terse --show-types -f \
-	kmod/main.c kmod/ctl.c kmod/dev.c kmod/blk.c kmod/ring.c kmod/bpf.c \
-	kmod/backing.c \
-	kmod/hybd.h include/uapi/hybd.h
+	kmod/*.c kmod/hybd.h kmod/compat.h include/uapi/hybd.h
