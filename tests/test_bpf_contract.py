@@ -15,7 +15,7 @@ import pytest
 from hybdbpf import (BLOCK, BPFCTL, bpfctl, delta, detach_ok,
                      dev_info, fastpath, need_bpf, prog, read_blocks,
                      read_errno, settle, stats, suite_prog, write_errno)
-from hybdlib import T_CMD, direct_write, need_built, pattern, run
+from hybdlib import REPO, T_CMD, direct_write, need_built, pattern, run
 
 assert fastpath and bpfctl      # fixtures, used by name
 
@@ -136,6 +136,26 @@ def test_read_payload_is_readable_only_in_complete_with_result_0(
 def bpfctl_load(path):
     need_built(BPFCTL, "tests/helpers/bpfctl")
     return run([BPFCTL, "load", path], timeout=2 * T_CMD)
+
+
+def test_every_shipped_program_passes_this_kernels_verifier():
+    """The sample programs and the example drivers' load here: a newer
+    verifier may refuse what an older one took (7.3's gave up on dedup's
+    complete() loop, which 6.12's pruned), and a user finds out at attach
+    time.  Loading verifies every program of an object; nothing attaches."""
+    objs = sorted(REPO.glob("bpf/*.bpf.o")) + sorted(
+        REPO.glob("examples/*/*.bpf.o"))
+    names = {o.name for o in objs}
+    for want in ("cache.bpf.o", "loop.bpf.o", "dedup.bpf.o",
+                 "encrypt.bpf.o"):
+        assert want in names, f"{want} not built: {sorted(names)}"
+    refused = []
+    for obj in objs:
+        res = bpfctl_load(obj)
+        if res.returncode != 0:
+            refused.append(f"{obj.relative_to(REPO)}:\n{res.stderr[-1500:]}")
+    assert not refused, "refused by this kernel's verifier:\n" + \
+        "\n".join(refused)
 
 
 def test_struct_ops_of_another_kind_cannot_call_hybd_kfuncs():
