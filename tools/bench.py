@@ -1667,15 +1667,17 @@ def report_rows(doc, summary):
                        [r + [""] * (width - len(r)) for r in hits],
                        "median over the rounds of each counter's share of "
                        "the reads the program saw"))
+    def ratio_rows(pairs, columns, measured):
+        """One row a pair of @pairs whose lines @measured(summary entry)
+        accepts: the ratios of @columns."""
+        return [[f"{lines[key]['label']} / {lines[ref]['label']}",
+                 *(fmt_ratio(compare(doc, summary, key, ref, m))
+                   for m, _ in columns)]
+                for key, ref in pairs
+                if measured(summary.get(key)) and measured(summary.get(ref))]
+
     for name, what, pairs in COMPARISONS:
-        crow = []
-        for key, ref in pairs:
-            if key not in summary or ref not in summary:
-                continue
-            cells = [fmt_ratio(compare(doc, summary, key, ref, m))
-                     for m, _ in RATIO_COLUMNS]
-            crow.append([f"{lines[key]['label']} / {lines[ref]['label']}",
-                         *cells])
+        crow = ratio_rows(pairs, RATIO_COLUMNS, lambda s: s is not None)
         if crow:
             tables.append((f"{name}: {what}",
                            ["line / reference",
@@ -1684,15 +1686,7 @@ def report_rows(doc, summary):
                            "round); latency: lower is better, IOPS and "
                            "MiB/s: higher"))
         # the same pairs with large requests, those measured so
-        lrow = []
-        for key, ref in pairs:
-            if not (has_large(summary.get(key)) and
-                    has_large(summary.get(ref))):
-                continue
-            cells = [compare(doc, summary, key, ref, m)
-                     for m, _ in LARGE_COLUMNS]
-            lrow.append([f"{lines[key]['label']} / {lines[ref]['label']}",
-                         *map(fmt_ratio, cells)])
+        lrow = ratio_rows(pairs, LARGE_COLUMNS, has_large)
         if lrow:
             tables.append((f"{name}, large I/O: {what}",
                            ["line / reference",
