@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import hybd_uapi as uapi
-from hybdlib import (REPO, T_CMD, direct_read, direct_write, hybdctl, info,
+from hybdlib import (REPO, T_ATTACH, T_CMD, direct_read, direct_write, hybdctl, info,
                      io_errno, need_built, reap, run, wait_for)
 
 BLOCK = 4096
@@ -60,7 +60,7 @@ def dev_id_of(dev):
 def attach(path, dev, replace=False):
     """hybdctl attach PATH DEV [--replace]; returns (rc, stdout, stderr)."""
     args = ["attach", path, str(dev)] + (["--replace"] if replace else [])
-    return hybdctl(*args)
+    return hybdctl(*args, timeout=T_ATTACH)
 
 
 def attach_ok(path, dev, replace=False):

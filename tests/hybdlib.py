@@ -45,6 +45,10 @@ T_CMD = 60 * _SLOW      # a control command (hybdctl attach, rmmod, ...)
 T_READY = 60 * _SLOW    # a server printing its ready line
 T_STOP = 60 * _SLOW     # a server exiting after SIGTERM
 T_IO = 300          # a bounded I/O job (fio, dd, mkfs)
+# a BPF object's load and attach: the verifier walks up to a quarter of
+# its million instructions for the shipped programs (cache.bpf.o: 229k on
+# 6.12, 254k on 7.3), which took more than 180 s under KASAN and TCG
+T_ATTACH = 60 * (8 if _SLOW > 1 else 1)
 # make test-long: the full kill, handover, delete and fuzz counts, and
 # every variant of a parametrized test crossed with every other
 LONG = os.environ.get("HYBD_LONG") == "1"

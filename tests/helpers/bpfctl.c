@@ -8,7 +8,9 @@
  *
  *   bpfctl load PATH
  *	open and load PATH, attach nothing; exit 0 if it loaded, 1 if not,
- *	with libbpf's messages (the verifier's log) on stderr.
+ *	with libbpf's messages (the verifier's log) on stderr.  Once
+ *	loaded, one line per program on stdout: "NAME VERIFIED_INSNS",
+ *	the instructions the verifier walked (its limit is 1M).
  *
  *   bpfctl run
  *	read commands from stdin, one per line; answer each with one line,
@@ -294,6 +296,30 @@ static int run(void)
 	return 0;
 }
 
+/* "NAME VERIFIED_INSNS" for each program of a loaded object */
+static int print_verified(struct bpf_object *obj)
+{
+	struct bpf_prog_info info;
+	struct bpf_program *p;
+	__u32 len;
+	int err;
+
+	bpf_object__for_each_program(p, obj) {
+		if (!bpf_program__autoload(p))
+			continue;
+		memset(&info, 0, sizeof(info));
+		len = sizeof(info);
+		err = bpf_prog_get_info_by_fd(bpf_program__fd(p), &info, &len);
+		if (err) {
+			fprintf(stderr, "bpfctl: %s: no program info: %s\n",
+				bpf_program__name(p), strerror(-err));
+			return err;
+		}
+		printf("%s %u\n", bpf_program__name(p), info.verified_insns);
+	}
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	struct bpf_object *obj;
@@ -306,8 +332,9 @@ int main(int argc, char **argv)
 				argv[2], strerror(-err));
 			return 1;
 		}
+		err = print_verified(obj);
 		bpf_object__close(obj);
-		return 0;
+		return err ? 1 : 0;
 	}
 	if (argc == 2 && !strcmp(argv[1], "run"))
 		return run();
