@@ -83,6 +83,25 @@ static DEFINE_MUTEX(hybd_stack_lock);
 #define HYBD_STACK_DEPTH	8
 
 /*
+ * How many targets and hybd devices one check looks at before it gives
+ * up (-ELOOP): each device is followed once, so this is reached only by
+ * a stack of some 60 devices with 16 targets each.
+ */
+#define HYBD_STACK_NODES	1024
+
+/*
+ * One check of a new target of @dev: the hybd devices whose targets were
+ * followed already (by id: a device two targets lead to is walked once,
+ * so that fanned-out stacks cost their size, not 16^depth), and what was
+ * looked at so far.
+ */
+struct hybd_stack_walk {
+	struct hybd_dev	*dev;
+	struct xarray	seen;
+	unsigned int	nodes;
+};
+
+/*
  * Whether a holder's operations are a file system's: those freeze and
  * thaw it with the device (fs_holder_ops), while a stacking driver's have
  * no freeze (md's) or are none (dm's, and btrfs's in 6.12, which claims
@@ -126,18 +145,20 @@ static bool hybd_disk_claimed(struct hybd_dev *dev, struct super_block *sb)
 	return claimed;
 }
 
-static int hybd_stack_check(struct hybd_dev *dev, struct file *file,
+static int hybd_stack_check(struct hybd_stack_walk *w, struct file *file,
 			    unsigned int depth);
 
 /*
- * Whether I/O to @disk may reach @dev: @dev's own disk; a dm or md device
+ * Whether I/O to @disk may reach w->dev: its own disk; a dm or md device
  * (whose devices are its own to know) while a stacking driver claims
- * @dev; another hybd device, through its targets.
+ * w->dev; another hybd device, through its targets, unless this walk
+ * followed that device already.  -EINTR if the caller is killed.
  */
-static int hybd_stack_check_disk(struct hybd_dev *dev, struct gendisk *disk,
-				 unsigned int depth)
+static int hybd_stack_check_disk(struct hybd_stack_walk *w,
+				 struct gendisk *disk, unsigned int depth)
 {
 	struct file *files[HYBD_MAX_BACKINGS];
+	struct hybd_dev *dev = w->dev;
 	struct hybd_backing *t;
 	struct hybd_dev *other;
 	unsigned int i, n = 0;
@@ -153,8 +174,22 @@ static int hybd_stack_check_disk(struct hybd_dev *dev, struct gendisk *disk,
 	other = hybd_dev_get_by_disk(disk);
 	if (!other)
 		return 0;
-	if (depth >= HYBD_STACK_DEPTH) {
+	if (depth >= HYBD_STACK_DEPTH || ++w->nodes > HYBD_STACK_NODES) {
 		ret = -ELOOP;
+		goto out;
+	}
+	if (fatal_signal_pending(current)) {
+		ret = -EINTR;
+		goto out;
+	}
+	/*
+	 * Followed already: its targets were found not to lead back, or are
+	 * being followed below (a device on its own path would be a cycle
+	 * that the checks before this one refused).
+	 */
+	ret = xa_insert(&w->seen, other->id, xa_mk_value(0), GFP_KERNEL);
+	if (ret) {
+		ret = ret == -EBUSY ? 0 : ret;
 		goto out;
 	}
 	mutex_lock(&other->backing_lock);
@@ -167,7 +202,7 @@ static int hybd_stack_check_disk(struct hybd_dev *dev, struct gendisk *disk,
 	mutex_unlock(&other->backing_lock);
 	for (i = 0; i < n; i++) {
 		if (!ret)
-			ret = hybd_stack_check(dev, files[i], depth + 1);
+			ret = hybd_stack_check(w, files[i], depth + 1);
 		fput(files[i]);
 	}
 out:
@@ -182,24 +217,38 @@ out:
  * loop device, nbd or another user-space server does with its I/O is
  * theirs: not seen.  Called under hybd_stack_lock.
  */
-static int hybd_stack_check(struct hybd_dev *dev, struct file *file,
+static int hybd_stack_check(struct hybd_stack_walk *w, struct file *file,
 			    unsigned int depth)
 {
 	struct inode *inode = file_inode(file);
 	struct super_block *sb;
 
 	lockdep_assert_held(&hybd_stack_lock);
+	if (++w->nodes > HYBD_STACK_NODES)
+		return -ELOOP;
 	if (S_ISBLK(inode->i_mode))
-		return hybd_stack_check_disk(dev, file_bdev(file)->bd_disk,
+		return hybd_stack_check_disk(w, file_bdev(file)->bd_disk,
 					     depth);
 	/* overlayfs: the file system that holds the data */
 	sb = d_real_inode(file->f_path.dentry)->i_sb;
-	if (hybd_disk_claimed(dev, sb))
+	if (hybd_disk_claimed(w->dev, sb))
 		return -ELOOP;
 	/* none: memory (tmpfs), or elsewhere (NFS, FUSE) */
 	if (!sb->s_bdev)
 		return 0;
-	return hybd_stack_check_disk(dev, sb->s_bdev->bd_disk, depth);
+	return hybd_stack_check_disk(w, sb->s_bdev->bd_disk, depth);
+}
+
+/* The whole check of @file as a new target of @dev (hybd_stack_check()). */
+static int hybd_stack_check_new(struct hybd_dev *dev, struct file *file)
+{
+	struct hybd_stack_walk w = { .dev = dev };
+	int ret;
+
+	xa_init(&w.seen);
+	ret = hybd_stack_check(&w, file, 0);
+	xa_destroy(&w.seen);
+	return ret;
 }
 
 /*
@@ -244,7 +293,7 @@ static int hybd_backing_check(struct hybd_dev *dev, struct file *file,
 			return -EINVAL;
 	}
 	/* remaps to it would queue behind themselves: a deadlock */
-	ret = hybd_stack_check(dev, file, 0);
+	ret = hybd_stack_check_new(dev, file);
 	if (ret)
 		return ret;
 	ret = hybd_backing_dio(file, bdev, &t->dio_align, &t->mem_align);
@@ -273,6 +322,13 @@ static struct hybd_backing *hybd_backing_take(struct hybd_dev *dev,
 				      lockdep_is_held(&dev->backing_lock));
 	if (t) {
 		list_add_tail(&t->node, &dev->retired);
+		/*
+		 * Counted before it leaves the table: a flush that no longer
+		 * finds it there finds the count (hybd_remap_flush_needed()).
+		 */
+		atomic_inc(&dev->nr_retired);
+		/* pairs with the smp_rmb() in hybd_remap_flush_needed() */
+		smp_mb__after_atomic();
 		RCU_INIT_POINTER(dev->backing[i], NULL);
 	}
 	return t;
@@ -292,14 +348,15 @@ void hybd_backing_put(struct hybd_backing *t)
 	kref_put(&t->ref, hybd_backing_release);
 }
 
-/* Let go of every target on @list. */
-static void hybd_backing_put_all(struct list_head *list)
+/* Let go of every retired target on @list. */
+static void hybd_backing_put_all(struct hybd_dev *dev, struct list_head *list)
 {
 	struct hybd_backing *t, *next;
 
 	list_for_each_entry_safe(t, next, list, node) {
 		list_del(&t->node);
 		hybd_backing_put(t);
+		atomic_dec(&dev->nr_retired);
 	}
 }
 
@@ -372,7 +429,7 @@ int hybd_backing_reap(struct hybd_dev *dev, bool sync)
 	mutex_lock(&dev->backing_lock);
 	list_splice(&list, &dev->retired);
 	mutex_unlock(&dev->backing_lock);
-	hybd_backing_put_all(&drop);
+	hybd_backing_put_all(dev, &drop);
 	return ret;
 }
 
@@ -462,8 +519,14 @@ long hybd_backing_add(struct hybd_dev *dev, void __user *arg)
 		goto out;
 	}
 	t->flags = b.flags;
-	/* until it is installed: see hybd_stack_lock */
-	mutex_lock(&hybd_stack_lock);
+	/*
+	 * Until it is installed: see hybd_stack_lock.  Killable: a check
+	 * bounded by HYBD_STACK_NODES may still take a while on a slow
+	 * machine, and others wait for it here.
+	 */
+	ret = mutex_lock_killable(&hybd_stack_lock);
+	if (ret)
+		goto out;
 	ret = hybd_backing_check(dev, file, t);
 	if (ret) {
 		mutex_unlock(&hybd_stack_lock);
@@ -552,5 +615,5 @@ void hybd_backing_drop_all(struct hybd_dev *dev)
  */
 void hybd_backing_free_retired(struct hybd_dev *dev)
 {
-	hybd_backing_put_all(&dev->retired);
+	hybd_backing_put_all(dev, &dev->retired);
 }

@@ -340,6 +340,57 @@ static void hybd_issue(struct hybd_queue *q, struct hybd_tag *t, u32 tag)
 	WRITE_ONCE(q->sq_tail, q->sq_tail + 1);
 }
 
+/*
+ * Give tag @t's request to the server, as the program passed it (@ret:
+ * HYBD_BPF_PASS or HYBD_BPF_PASS_ZEROES); @last: publish the batch.
+ * Caller is in an RCU read-side section (the ring).
+ */
+static void hybd_to_server(struct hybd_queue *q, struct hybd_tag *t, int ret,
+			   bool last)
+{
+	struct request *rq = t->rq;
+	int op = t->bio.op, srv_op = op;
+	u16 flags = t->bio.flags;
+
+	/*
+	 * What the server gets: a write the program found all zero goes as
+	 * a write-zeroes of the same range and flags, without its payload.
+	 * Everything else (t->bio for complete(), the per-kind counters,
+	 * the completion, which looks at req_op()) sees the write it is.
+	 */
+	if (ret == HYBD_BPF_PASS_ZEROES) {
+		/* a write of zeros provisions what it writes: keep it so */
+		srv_op = HYBD_OP_WRITE_ZEROES;
+		flags |= HYBD_IO_F_NOUNMAP;
+	}
+
+	/* the tag's buffer is ours until the request completes */
+	if (srv_op == HYBD_OP_WRITE)
+		hybd_rq_copy(rq, 0, q->data + (size_t)rq->tag *
+			     q->dev->params.basic.max_io_bytes,
+			     t->bio.bytes, false);
+
+	spin_lock(&q->lock);
+	if (q->dead) {
+		hybd_stat_inc(q, failed_dead);
+		hybd_unlock_publish(q, last);
+		hybd_end_request(q, rq, BLK_STS_IOERR);
+		return;
+	}
+
+	t->srv_op = srv_op;
+	t->srv_flags = flags;
+	hybd_issue(q, t, rq->tag);
+
+	hybd_stat_inc(q, slow_issued);
+	if (q->parked)
+		hybd_stat_inc(q, held);
+	if (srv_op != op)
+		hybd_stat_inc(q, bpf_pass_zeroes);
+	hybd_count_op(q, op, flags);
+	hybd_unlock_publish(q, last);
+}
+
 static blk_status_t __hybd_queue_rq(struct hybd_queue *q,
 				    const struct blk_mq_queue_data *bd,
 				    struct hybd_tag **issue)
@@ -349,8 +400,8 @@ static blk_status_t __hybd_queue_rq(struct hybd_queue *q,
 	u32 bytes = blk_rq_bytes(rq);
 	int op = hybd_rq_op(rq);
 	struct hybd_tag *t;
-	int srv_op, ret;
 	u16 flags;
+	int ret;
 
 	/* the queue limits offer nothing else, but trust no upper layer */
 	if (op < 0 || !(q->dev->params.basic.ops & hybd_op_bit(op)) ||
@@ -398,47 +449,55 @@ static blk_status_t __hybd_queue_rq(struct hybd_queue *q,
 			hybd_end_batch(q);
 		return BLK_STS_OK;
 	}
-	if (ret != HYBD_BPF_PASS && ret != HYBD_BPF_PASS_ZEROES)
-		return hybd_end_fast(q, rq, t, ret, bd->last);
-
 	/*
-	 * What the server gets: a write the program found all zero goes as
-	 * a write-zeroes of the same range and flags, without its payload.
-	 * Everything else (t->bio for complete(), the per-kind counters,
-	 * the completion, which looks at req_op()) sees the write it is.
+	 * A flush covers the remapped writes completed before it, whatever
+	 * the program made of it: the targets they are on are synced first,
+	 * in a worker, and then the verdict goes on (hybd_flush_synced()).
+	 * Not on a dead device: it fails at once.
 	 */
-	srv_op = op;
-	if (ret == HYBD_BPF_PASS_ZEROES) {
-		/* a write of zeros provisions what it writes: keep it so */
-		srv_op = HYBD_OP_WRITE_ZEROES;
-		flags |= HYBD_IO_F_NOUNMAP;
-	}
-
-	/* the tag's buffer is ours until the request completes */
-	if (srv_op == HYBD_OP_WRITE)
-		hybd_rq_copy(rq, 0, q->data + (size_t)tag *
-			     q->dev->params.basic.max_io_bytes, bytes, false);
-
-	spin_lock(&q->lock);
-	if (q->dead) {
-		hybd_stat_inc(q, failed_dead);
-		hybd_unlock_publish(q, bd->last);
-		hybd_end_request(q, rq, BLK_STS_IOERR);
+	if (op == HYBD_OP_FLUSH && !READ_ONCE(q->dead) &&
+	    hybd_remap_flush_needed(q->dev)) {
+		hybd_remap_sync_first(q, t, ret);
+		if (bd->last)
+			hybd_end_batch(q);
 		return BLK_STS_OK;
 	}
-
-	t->srv_op = srv_op;
-	t->srv_flags = flags;
-	hybd_issue(q, t, tag);
-
-	hybd_stat_inc(q, slow_issued);
-	if (q->parked)
-		hybd_stat_inc(q, held);
-	if (srv_op != op)
-		hybd_stat_inc(q, bpf_pass_zeroes);
-	hybd_count_op(q, op, flags);
-	hybd_unlock_publish(q, bd->last);
+	if (ret != HYBD_BPF_PASS && ret != HYBD_BPF_PASS_ZEROES)
+		return hybd_end_fast(q, rq, t, ret, bd->last);
+	hybd_to_server(q, t, ret, bd->last);
 	return BLK_STS_OK;
+}
+
+/**
+ * hybd_flush_synced() - a flush's remapped writes are synced: go on
+ * @q: its queue
+ * @t: its tag, which hybd_remap_sync_first() took
+ * @err: the sync's error, or 0
+ *
+ * As queue_rq would have with the program's verdict: to the server, or
+ * ended (with the sync's error if there was one).
+ *
+ * Context: the tag's work (may sleep).
+ */
+void hybd_flush_synced(struct hybd_queue *q, struct hybd_tag *t, int err)
+{
+	int verdict = t->remap.verdict;
+
+	WRITE_ONCE(t->state, HYBD_TAG_IDLE);
+	if (verdict == HYBD_BPF_PASS || verdict == HYBD_BPF_PASS_ZEROES) {
+		if (!err) {
+			rcu_read_lock();
+			hybd_to_server(q, t, verdict, true);
+			rcu_read_unlock();
+			return;
+		}
+		/* passed, so the program hears how it ended, as for a timeout */
+		t->bio.result = err;
+		hybd_bpf_complete(q, t);
+	}
+	err = err ?: verdict;
+	hybd_count_fast(q, t, err);
+	hybd_end_request(q, t->rq, hybd_errno_status(err));
 }
 
 /*

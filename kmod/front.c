@@ -47,10 +47,11 @@ static void hybd_front_pass(struct hybd_dev *dev, struct bio *bio)
  * the workers' direct I/O does; as there, a best effort against a program
  * reading the target meanwhile), that can say it would wait if the
  * submitter must not (else a REQ_NOWAIT clone fails every time), and
- * that is writable for a write (direct I/O refuses it with EPERM; a bio
- * would only be warned of).  A REQ_NOWAIT clone the target would split
- * ends with BLK_STS_AGAIN, which goes back to the submitter, as dm's
- * does: io_uring submits it again from its workers, where it may wait.
+ * that is writable for a write (hybd_bdev_writable(): direct I/O refuses
+ * a read-only or swap device, a bio would not).  A REQ_NOWAIT clone the
+ * target would split ends with BLK_STS_AGAIN, which goes back to the
+ * submitter, as dm's does: io_uring submits it again from its workers,
+ * where it may wait.
  */
 static bool hybd_front_may_clone(struct hybd_front_io *f, struct bio *bio)
 {
@@ -66,7 +67,7 @@ static bool hybd_front_may_clone(struct hybd_front_io *f, struct bio *bio)
 		return false;
 	if ((bio->bi_opf & REQ_NOWAIT) && !bdev_nowait(bdev))
 		return false;
-	return bio_data_dir(bio) != WRITE || !bdev_read_only(bdev);
+	return bio_data_dir(bio) != WRITE || hybd_bdev_writable(bdev);
 }
 
 static void hybd_front_end(struct bio *clone)
@@ -107,8 +108,7 @@ static void hybd_front_end(struct bio *clone)
 	 * without REQ_NOWAIT, and a bio-based target may have issued a first
 	 * piece before its AGAIN.  An extra sync costs less than a lost one.
 	 */
-	if (f->bio.op == HYBD_OP_WRITE &&
-	    (dev->params.basic.flags & HYBD_DEV_F_WRITE_CACHE))
+	if (f->bio.op == HYBD_OP_WRITE)
 		atomic64_inc(&f->target->written);
 	f->bio.result = blk_status_to_errno(sts);
 	f->bio.path = HYBD_BPF_PATH_REMAP;
@@ -179,13 +179,11 @@ static bool hybd_front_map(struct hybd_dev *dev, struct bio *bio)
 	bio_clone_blkg_association(clone, bio);
 	opf = write ? REQ_OP_WRITE : REQ_OP_READ;
 	/*
-	 * Without a write cache (the device's, or as sysfs says now: "write
-	 * through" makes the block layer drop flushes), what a write
-	 * completed must stay.
+	 * Without a write cache (the device's, or as sysfs says now of the
+	 * front or of the disk behind it: "write through" makes the block
+	 * layer drop flushes), what a write completed must stay.
 	 */
-	if (write && ((bio->bi_opf & REQ_FUA) ||
-		      !(dev->params.basic.flags & HYBD_DEV_F_WRITE_CACHE) ||
-		      !bdev_write_cache(bio->bi_bdev)))
+	if (write && ((bio->bi_opf & REQ_FUA) || !hybd_dev_write_cached(dev)))
 		opf |= REQ_FUA;
 	/* REQ_ALLOC_CACHE: bio_put() gives it back to the per-CPU cache */
 	/* REQ_NOWAIT stays: BLK_STS_AGAIN goes back, as dm's does */

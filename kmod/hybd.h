@@ -124,6 +124,13 @@ struct hybd_remap {
 	atomic_t		ref;		/* submitter + completion */
 	bool			nowait;		/* the call has IOCB_NOWAIT */
 	bool			finish;		/* work: only complete it */
+	/*
+	 * work: a flush the program did not remap, with remapped writes
+	 * to sync first (hybd_remap_sync_first()); then @verdict, the
+	 * program's, goes on
+	 */
+	bool			sync_first;
+	int			verdict;
 	struct kiocb		iocb;
 	/* a read or write waits on its queue's remap_list */
 	struct llist_node	node;
@@ -355,6 +362,8 @@ struct hybd_dev {
 	 * still use (struct hybd_backing.node); under @backing_lock
 	 */
 	struct list_head	retired;
+	/* targets taken off and not let go of yet (on @retired or reaped) */
+	atomic_t		nr_retired;
 	/* held while retired targets are synced and let go of */
 	struct mutex		retired_lock;
 	/*
@@ -462,6 +471,7 @@ void hybd_end_request(struct hybd_queue *q, struct request *rq,
 		      blk_status_t sts);
 void hybd_count_front(struct hybd_queue *q, const struct hybd_bpf_io *io,
 		      u64 start_ns, bool waited);
+void hybd_flush_synced(struct hybd_queue *q, struct hybd_tag *t, int err);
 
 /* bpf.c */
 int hybd_bpf_init(void);
@@ -525,13 +535,20 @@ int hybd_dev_resize(struct hybd_dev *dev, u64 size, bool ask);
 long hybd_srv_resize(struct hybd_dev *dev, void __user *arg);
 long hybd_ctl_resize(void __user *arg);
 void hybd_resize_wake(struct hybd_dev *dev);
+
+/* remap.c */
 void hybd_remap_init_queue(struct hybd_queue *q);
+bool hybd_dev_write_cached(struct hybd_dev *dev);
+bool hybd_bdev_writable(struct block_device *bdev);
 int hybd_remap_prepare(struct hybd_queue *q, struct hybd_tag *t, u32 index,
 		       u64 offset);
 void hybd_remap_drop(struct hybd_queue *q, struct hybd_tag *t);
 void hybd_remap_unuse(struct hybd_dev *dev, struct hybd_backing *target,
 		      u32 op);
 bool hybd_remap_start(struct hybd_queue *q, struct hybd_tag *t, bool last);
+bool hybd_remap_flush_needed(struct hybd_dev *dev);
+void hybd_remap_sync_first(struct hybd_queue *q, struct hybd_tag *t,
+			   int verdict);
 void hybd_remap_issue(struct hybd_queue *q, struct hybd_tag *t);
 int hybd_remap_init(void);
 void hybd_remap_exit(void);

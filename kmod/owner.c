@@ -18,6 +18,8 @@
 #include <linux/cred.h>
 #include <linux/fs.h>
 #include <linux/log2.h>
+#include <linux/magic.h>
+#include <linux/major.h>
 #include <linux/module.h>
 #include <linux/slab.h>
 #include <linux/spinlock.h>
@@ -50,13 +52,26 @@ MODULE_PARM_DESC(max_user_timeout,
 #define HYBD_USER_IO_TIMEOUT	30
 
 /*
- * What a device costs besides its rings and tags: the disk, its queue and
- * sysfs, three workqueues, the per-CPU statistics.  An estimate, on the
- * safe side.
+ * What a device costs besides its rings, its tags and what it has per
+ * CPU: its disks, their queues and sysfs, its workqueues.  An estimate,
+ * on the safe side.
  */
 #define HYBD_OWNER_DEV_COST	(256U << 10)
 /* a tag's request and its hybd_tag, with slack for the scheduler's */
 #define HYBD_OWNER_TAG_COST	1024U
+/*
+ * The remap workqueues' rescuers: a kernel thread each, its stack and
+ * task, for each WQ_MEM_RECLAIM workqueue hybd_dev_create() allocates
+ * (remap, batch, local, beside: keep in step).
+ */
+#define HYBD_OWNER_RESCUERS	4U
+#define HYBD_OWNER_THREAD_COST	(THREAD_SIZE + (16U << 10))
+/*
+ * Per possible CPU, besides each queue's statistics: the two per-CPU
+ * workqueues' pool_workqueues, the two unbound ones' per-CPU pointers,
+ * and blk-mq's software queue of each disk (the front has none).
+ */
+#define HYBD_OWNER_CPU_COST	(2U * 512U + 2U * 64U + 2U * 1024U)
 
 /*
  * A user's charge.  It lives from the first add until the last of the
@@ -75,10 +90,16 @@ static DEFINE_SPINLOCK(hybd_user_lock);
 static LIST_HEAD(hybd_users);
 static u32 hybd_unpriv_devices;
 
-/* What a device with @p pins: its rings, its tags, its fixed part. */
+/*
+ * What a device with @p pins: its rings, its tags, what it has per
+ * possible CPU (each queue's statistics are per CPU: a 64-queue device on
+ * a machine of 256 possible CPUs has megabytes of them), its rescuer
+ * threads, its fixed part.
+ */
 u64 hybd_owner_charge(const struct hybd_params *p)
 {
 	u32 sq_off, cq_off, desc_off, data_off;
+	u64 cpus = num_possible_cpus();
 	size_t area;
 	/* blk-mq gives no more hardware queues than CPUs */
 	u32 nr = min_t(u32, p->basic.nr_hw_queues, nr_cpu_ids);
@@ -87,6 +108,9 @@ u64 hybd_owner_charge(const struct hybd_params *p)
 				    &sq_off, &cq_off, &desc_off, &data_off);
 	return (u64)nr *
 	       (area + (u64)p->basic.queue_depth * HYBD_OWNER_TAG_COST) +
+	       cpus * ((u64)nr * sizeof(struct hybd_queue_stats) +
+		       HYBD_OWNER_CPU_COST) +
+	       HYBD_OWNER_RESCUERS * HYBD_OWNER_THREAD_COST +
 	       HYBD_OWNER_DEV_COST;
 }
 
@@ -257,14 +281,44 @@ bool hybd_owner_may_manage(struct hybd_dev *dev)
 }
 
 /*
- * A backing target of an unprivileged device: the server must be allowed
- * to read it (and write it, for @write) itself, whoever opened @file.
+ * Whether @file keeps its data on this machine, where a remap's I/O ends
+ * in bounded time: a block device (not a loop device, whose file may be
+ * anywhere, nor nbd), or a file on a file system built on block devices
+ * (FS_REQUIRES_DEV: btrfs has no s_bdev; not FUSE's fuseblk, whose
+ * daemon answers), or on tmpfs (memory).  Not a file on FUSE, NFS, 9p,
+ * virtiofs and the like: a remap there waits for whoever serves it, and
+ * remaps are failed neither by the I/O timeout nor by a forced delete.
+ */
+static bool hybd_owner_file_is_local(struct file *file)
+{
+	struct super_block *sb;
+	unsigned int major;
+
+	if (S_ISBLK(file_inode(file)->i_mode)) {
+		major = file_bdev(file)->bd_disk->major;
+		return major != LOOP_MAJOR && major != NBD_MAJOR;
+	}
+	/* overlayfs: the file system that holds the data */
+	sb = d_real_inode(file->f_path.dentry)->i_sb;
+	if (sb->s_magic == TMPFS_MAGIC)
+		return true;
+	return (sb->s_type->fs_flags & FS_REQUIRES_DEV) &&
+	       sb->s_magic != FUSE_SUPER_MAGIC;
+}
+
+/*
+ * A backing target of an unprivileged device: on local storage
+ * (-EPERM: its user could otherwise hold the device's I/O, its id and
+ * the module forever), and the server must be allowed to read it (and
+ * write it, for @write) itself, whoever opened @file.
  */
 int hybd_owner_may_use_file(struct hybd_dev *dev, struct file *file,
 			    bool write)
 {
 	if (!dev->unpriv)
 		return 0;
+	if (!hybd_owner_file_is_local(file))
+		return -EPERM;
 	return inode_permission(file_mnt_idmap(file), file_inode(file),
 				MAY_READ | (write ? MAY_WRITE : 0));
 }

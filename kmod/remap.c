@@ -329,12 +329,29 @@ static void hybd_remap_rw_done(struct kiocb *iocb, long ret)
 	hybd_remap_put(r);
 }
 
-/* Whether the device has a volatile write cache: flushes make it durable. */
+/**
+ * hybd_dev_write_cached() - whether flushes make @dev's writes durable
+ * @dev: the device, started
+ *
+ * Its parameters say it has a volatile write cache, and neither its disk
+ * nor its front was set to "write through" in sysfs since: the block
+ * layer then drops flushes and FUA before they reach the device, so a
+ * remapped write must be durable when it completes.
+ */
+bool hybd_dev_write_cached(struct hybd_dev *dev)
+{
+	struct gendisk *front = READ_ONCE(dev->front);
+
+	return (dev->params.basic.flags & HYBD_DEV_F_WRITE_CACHE) &&
+	       blk_queue_write_cache(dev->disk->queue) &&
+	       (!front || blk_queue_write_cache(front->queue));
+}
+
 static bool hybd_remap_cached(struct hybd_tag *t)
 {
 	struct hybd_queue *q = t->rq->mq_hctx->driver_data;
 
-	return q->dev->params.basic.flags & HYBD_DEV_F_WRITE_CACHE;
+	return hybd_dev_write_cached(q->dev);
 }
 
 /*
@@ -477,9 +494,10 @@ static void hybd_remap_rw(struct hybd_tag *t, bool nowait)
 }
 
 /*
- * A flush: fdatasync the named target, every other target remapped
- * writes completed on since it was last synced, and the retired ones that
- * may still hold such writes (letting go of those done with).
+ * A flush: fdatasync the named target (if any: a flush the program did
+ * not remap names none), every other target remapped writes completed on
+ * since it was last synced, and the retired ones that may still hold such
+ * writes (letting go of those done with).
  */
 static int hybd_remap_flush(struct hybd_dev *dev, struct hybd_backing *named)
 {
@@ -496,7 +514,7 @@ static int hybd_remap_flush(struct hybd_dev *dev, struct hybd_backing *named)
 	}
 	rcu_read_unlock();
 
-	ret = hybd_backing_sync(named, true);
+	ret = named ? hybd_backing_sync(named, true) : 0;
 	for (i = 0; i < n; i++) {
 		ret = ret ?: hybd_backing_sync(sync[i], false);
 		hybd_backing_put(sync[i]);
@@ -504,6 +522,53 @@ static int hybd_remap_flush(struct hybd_dev *dev, struct hybd_backing *named)
 	mutex_lock(&dev->retired_lock);
 	ret = ret ?: hybd_backing_reap(dev, true);
 	mutex_unlock(&dev->retired_lock);
+	return ret;
+}
+
+/**
+ * hybd_bdev_writable() - whether a clone may write to @bdev
+ * @bdev: a block-device target
+ *
+ * What its own write paths check and a bio does not: not read-only (a
+ * bio there is only warned of), not an active swap device.
+ */
+bool hybd_bdev_writable(struct block_device *bdev)
+{
+	return !bdev_read_only(bdev) && !IS_SWAPFILE(bdev->bd_mapping->host);
+}
+
+/*
+ * A discard on block-device target @file, as its own BLKDISCARD does it:
+ * refused where it may not write, and what its page cache holds of the
+ * range goes first (a program read the disk there), the cache locked
+ * until the discard is done so that no read brings it back meanwhile.
+ * Dropped outright only if the target was opened exclusively: else a
+ * file system may be mounted on it, and its buffers are invalidated
+ * only where nobody uses them (truncate_bdev_range()'s rule).
+ */
+static int hybd_remap_discard_bdev(struct file *file, loff_t pos, u32 bytes)
+{
+	struct block_device *bdev = file_bdev(file);
+	struct address_space *mapping = bdev->bd_mapping;
+	loff_t end = pos + bytes - 1;
+	int ret;
+
+	if (!bdev_max_discard_sectors(bdev))
+		return 0;
+	if (!hybd_bdev_writable(bdev))
+		return bdev_read_only(bdev) ? -EPERM : -ETXTBSY;
+	filemap_invalidate_lock(mapping);
+	if (file->f_flags & O_EXCL) {
+		truncate_inode_pages_range(mapping, pos, end);
+		ret = 0;
+	} else {
+		ret = invalidate_inode_pages2_range(mapping, pos >> PAGE_SHIFT,
+						    end >> PAGE_SHIFT);
+	}
+	if (!ret)
+		ret = blkdev_issue_discard(bdev, pos >> SECTOR_SHIFT,
+					   bytes >> SECTOR_SHIFT, GFP_NOIO);
+	filemap_invalidate_unlock(mapping);
 	return ret;
 }
 
@@ -521,15 +586,8 @@ static int hybd_remap_fallocate(struct hybd_tag *t)
 	bool zeroes = t->bio.op == HYBD_OP_WRITE_ZEROES;
 	int ret;
 
-	if (b->bdev && !zeroes) {
-		struct block_device *bdev = file_bdev(b->file);
-
-		if (!bdev_max_discard_sectors(bdev))
-			return 0;
-		return blkdev_issue_discard(bdev, r->pos >> SECTOR_SHIFT,
-					    t->bio.bytes >> SECTOR_SHIFT,
-					    GFP_NOIO);
-	}
+	if (b->bdev && !zeroes)
+		return hybd_remap_discard_bdev(b->file, r->pos, t->bio.bytes);
 	ret = -EOPNOTSUPP;
 	if (!b->bdev && !(zeroes && (t->bio.flags & HYBD_IO_F_NOUNMAP))) {
 		ret = vfs_fallocate(b->file,
@@ -586,6 +644,12 @@ static void hybd_remap_work(struct work_struct *work)
 		return;
 	}
 	pflags = hybd_remap_worker_enter();
+	if (r->sync_first) {
+		r->sync_first = false;
+		hybd_flush_synced(q, t, hybd_remap_flush(q->dev, NULL));
+		hybd_remap_worker_exit(pflags);
+		return;
+	}
 	switch (t->bio.op) {
 	case HYBD_OP_READ:
 	case HYBD_OP_WRITE:
@@ -914,8 +978,8 @@ static bool hybd_remap_may_clone(struct hybd_tag *t, struct block_device *bdev)
 	/* a submitter that must not wait, on a target that cannot say so */
 	if ((t->rq->cmd_flags & REQ_NOWAIT) && !bdev_nowait(bdev))
 		return false;
-	/* direct I/O refuses it with EPERM; a bio would only be warned of */
-	return t->bio.op != HYBD_OP_WRITE || !bdev_read_only(bdev);
+	/* direct I/O refuses it (EPERM, ETXTBSY); a bio would not be */
+	return t->bio.op != HYBD_OP_WRITE || hybd_bdev_writable(bdev);
 }
 
 static void hybd_remap_bio_done(struct bio *clone)
@@ -1077,6 +1141,59 @@ bool hybd_remap_start(struct hybd_queue *q, struct hybd_tag *t, bool last)
 }
 
 /**
+ * hybd_remap_flush_needed() - whether a flush has remapped writes to sync
+ * @dev: the device
+ *
+ * Remapped writes completed on a target since it was last synced, or a
+ * target taken off that the kernel has not let go of (it may still hold
+ * some): a flush must sync them, whatever the program makes of it (a
+ * program may pass flushes while map() remaps writes; a remap of the
+ * flush may fail because its target went).  Writes count once completed,
+ * so what this misses completed after the flush was submitted: not the
+ * flush's to cover.
+ *
+ * Context: queue_rq, in its RCU read-side section.
+ */
+bool hybd_remap_flush_needed(struct hybd_dev *dev)
+{
+	struct hybd_backing *b;
+	unsigned int i;
+
+	for (i = 0; i < HYBD_MAX_BACKINGS; i++) {
+		b = rcu_dereference(dev->backing[i]);
+		if (b && hybd_backing_dirty(b))
+			return true;
+	}
+	/*
+	 * A target not found above was counted before it left the table:
+	 * pairs with the barrier in hybd_backing_take().
+	 */
+	smp_rmb();
+	return atomic_read(&dev->nr_retired);
+}
+
+/**
+ * hybd_remap_sync_first() - sync before a flush goes on
+ * @q: its queue
+ * @t: its tag: a flush the program did not remap
+ * @verdict: the program's verdict, which goes on after the sync
+ *
+ * The tag's work syncs (hybd_remap_flush()), then hands the request back
+ * to hybd_flush_synced().  As a remap, only that ends it meanwhile.
+ *
+ * Context: queue_rq, in its RCU read-side section; does not sleep.
+ */
+void hybd_remap_sync_first(struct hybd_queue *q, struct hybd_tag *t,
+			   int verdict)
+{
+	t->remap.verdict = verdict;
+	t->remap.sync_first = true;
+	WRITE_ONCE(t->state, HYBD_TAG_REMAP);
+	/* as hybd_remap_start(): the tag's last work has ended */
+	WARN_ON_ONCE(!queue_work(q->dev->remap_wq, &t->remap.work));
+}
+
+/**
  * hybd_remap_end() - a remapped request is done: its status, complete()
  * @q: its queue
  * @rq: the request
@@ -1107,9 +1224,12 @@ int hybd_remap_end(struct hybd_queue *q, struct request *rq)
 	}
 	/*
 	 * A flush must sync it, even after a failed write, which may have
-	 * changed some of the range; without a write cache it is synced.
+	 * changed some of the range.  Without a write cache it is durable
+	 * already, but counted all the same: sysfs may have turned the
+	 * cache on since it started, and an extra sync costs less than a
+	 * lost one.
 	 */
-	if (hybd_remap_writes(t->bio.op) && hybd_remap_cached(t))
+	if (hybd_remap_writes(t->bio.op))
 		atomic64_inc(&r->target->written);
 
 	t->bio.result = err;

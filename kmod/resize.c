@@ -87,15 +87,14 @@ static void hybd_resize_kick(struct hybd_queue *q)
 }
 
 /*
- * Freeze @q: drain it, holding new requests back, for at most @timeout
- * and only until a signal, checked every tenth of a second.
+ * Freeze @q: drain it, holding new requests back, until @end (jiffies)
+ * at most and only until a signal, checked every tenth of a second.
  *
  * Return: 0 (frozen: the caller unfreezes), -EBUSY (not drained in time),
  * -EINTR.
  */
-static int hybd_resize_freeze(struct request_queue *q, unsigned long timeout)
+static int hybd_resize_freeze(struct request_queue *q, unsigned long end)
 {
-	unsigned long end = jiffies + timeout;
 	int ret = 0;
 
 	blk_freeze_queue_start(q);
@@ -108,6 +107,32 @@ static int hybd_resize_freeze(struct request_queue *q, unsigned long timeout)
 			hybd_unfreeze_queue(q);
 			return ret;
 		}
+	}
+	return 0;
+}
+
+/*
+ * Wait for the remaps the front started to end (an SRCU grace period of
+ * @ssp), until @end (jiffies) at most and only until a signal: a remap on
+ * a target that holds its I/O (a suspended dm device, a hung server
+ * behind it) must not hang the resize.  Looked at after a jiffy (a grace
+ * period with no remap in flight is that short), then every tenth of a
+ * second.
+ *
+ * Return: 0, -EBUSY (not over in time), -EINTR.
+ */
+static int hybd_resize_srcu_wait(struct srcu_struct *ssp, unsigned long end)
+{
+	unsigned long cookie = start_poll_synchronize_srcu(ssp);
+	long nap = 1;
+
+	while (!poll_state_synchronize_srcu(ssp, cookie)) {
+		if (signal_pending(current))
+			return -EINTR;
+		if (time_after(jiffies, end))
+			return -EBUSY;
+		schedule_timeout_interruptible(nap);
+		nap = HZ / 10;
 	}
 	return 0;
 }
@@ -137,8 +162,12 @@ static void hybd_resize_uevent(struct gendisk *disk)
 				   envp);
 }
 
-/* Ask the server (through queue 0) and wait: its answer, or -errno. */
-static int hybd_resize_ask(struct hybd_dev *dev, u64 size)
+/*
+ * Ask the server (through queue 0) and wait: its answer, or -errno.
+ * @recoveries: the device's count of takeovers when the question was
+ * posted (which server was asked).
+ */
+static int hybd_resize_ask(struct hybd_dev *dev, u64 size, u32 *recoveries)
 {
 	struct hybd_queue *q = &dev->queues[0];
 	long left;
@@ -146,6 +175,7 @@ static int hybd_resize_ask(struct hybd_dev *dev, u64 size)
 	u32 gen;
 
 	spin_lock(&dev->state_lock);
+	*recoveries = dev->recoveries;
 	gen = ++dev->resize_gen ?: ++dev->resize_gen;	/* never 0 */
 	dev->resize_asking = true;
 	dev->resize_answered = false;
@@ -186,6 +216,8 @@ int hybd_dev_resize(struct hybd_dev *dev, u64 size, bool ask)
 {
 	struct gendisk *disk = NULL, *front = NULL;
 	unsigned int noio = 0;
+	unsigned long deadline;
+	u32 recoveries;
 	bool shrink;
 	u64 old;
 	int ret;
@@ -199,6 +231,8 @@ int hybd_dev_resize(struct hybd_dev *dev, u64 size, bool ask)
 		return -EBUSY;
 
 	spin_lock(&dev->state_lock);
+	/* the server that asks (!@ask), or see hybd_resize_ask() */
+	recoveries = dev->recoveries;
 	switch (dev->state) {
 	case HYBD_STATE_LIVE:
 		disk = dev->disk;
@@ -239,10 +273,12 @@ int hybd_dev_resize(struct hybd_dev *dev, u64 size, bool ask)
 			goto out_put;
 	}
 	if (ask) {
-		ret = hybd_resize_ask(dev, size);
+		ret = hybd_resize_ask(dev, size, &recoveries);
 		if (ret)
 			goto out_unblock;
 	}
+	/* the drain's three waits share one deadline */
+	deadline = jiffies + hybd_resize_timeout(dev);
 	/*
 	 * Nothing done while a queue is frozen may recurse into I/O through
 	 * reclaim (lockdep ties fs_reclaim to the freeze); a freeze started
@@ -257,16 +293,20 @@ int hybd_dev_resize(struct hybd_dev *dev, u64 size, bool ask)
 		 * (the program is off: it maps no more), before the disk
 		 * behind it drains.
 		 */
-		ret = hybd_resize_freeze(front->queue,
-					 hybd_resize_timeout(dev));
+		ret = hybd_resize_freeze(front->queue, deadline);
+		if (!ret) {
+			ret = hybd_resize_srcu_wait(&dev->remap_srcu,
+						    deadline);
+			if (ret)
+				hybd_unfreeze_queue(front->queue);
+		}
 		if (ret) {
 			memalloc_noio_restore(noio);
 			goto out_unblock;
 		}
-		synchronize_srcu(&dev->remap_srcu);
 	}
 	if (shrink) {
-		ret = hybd_resize_freeze(disk->queue, hybd_resize_timeout(dev));
+		ret = hybd_resize_freeze(disk->queue, deadline);
 		if (ret) {
 			if (front)
 				hybd_unfreeze_queue(front->queue);
@@ -274,9 +314,15 @@ int hybd_dev_resize(struct hybd_dev *dev, u64 size, bool ask)
 			goto out_unblock;
 		}
 	}
-	/* the server may have gone meanwhile: its successor was not asked */
+	/*
+	 * The server may have gone meanwhile (the device is waiting, or a
+	 * successor took it over already: LIVE again, but not by the server
+	 * that consented): its successor was not asked.
+	 */
 	spin_lock(&dev->state_lock);
 	ret = hybd_resize_not_live(dev);
+	if (!ret && dev->recoveries != recoveries)
+		ret = -EAGAIN;
 	if (!ret) {	/* nothing in flight beyond the new end, when a shrink */
 		/* behind first: what the front takes, it can take */
 		set_capacity(disk, size >> SECTOR_SHIFT);

@@ -310,7 +310,7 @@ int hybd__resize_err(int err, uint32_t id, uint64_t size)
 		why = "its server does not take resizes (its driver has no resize hook), or the module is too old";
 		break;
 	case -EAGAIN:
-		why = "it is not live (not started yet, or waiting for a new server)";
+		why = "it is not live (not started yet, or waiting for a new server), or its server was replaced before the size was set (the new one did not agree to it)";
 		break;
 	case -EBUSY:
 		why = "a fast path is attached (detach it to shrink), requests in flight did not end in time, or another resize is under way";

@@ -3,17 +3,20 @@ runs the program's map() on each read and write; what it remaps onto a
 block-device target is cloned there, without a request; everything else
 goes on to the blk-mq disk behind it (hybdNq), where submit() and the
 server see it as on any device."""
+import contextlib
 import errno
 import os
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 from hybdbpf import (delta, detach_ok, disk_completed_ios, fastpath,  # noqa: F401
                      prog, settle, stats, suite_prog, unpin)
-from hybdlib import (direct_read, direct_write, first_difference,
-                     fio_verify, hybdctl, info, loop_device, need_tool,
-                     pattern, record, run, wait_for)
-from test_backing import dio_fs  # noqa: F401 (fixture)
+from hybdlib import (T_CMD, T_IO, direct_read, direct_write,
+                     first_difference, fio_verify, hybdctl, info, loop_device,
+                     need_tool, pattern, record, run, wait_for)
+from test_backing import Stacker, dio_fs  # noqa: F401 (fixture)
 from test_remap import (BLOCK, CASES, MiB, _built, check_offsets,  # noqa: F401
                         prog_globals, sparse, start_loop)
 
@@ -246,3 +249,64 @@ def test_front_resize(ramdisk):
     assert direct_read(srv.dev, 90 * MiB, len(high)) == zeros, \
         "what the shrink cut off came back"
     srv.stop()
+
+
+@contextlib.contextmanager
+def held_target(tmp_path, size=64 * MiB):
+    """A dm-linear device over a loop device that can hold its I/O:
+    yields (path, hold), where hold(True) suspends it (bios wait in dm)
+    and hold(False) lets them go.  Let go of and removed afterwards."""
+    dmsetup = need_tool("dmsetup")
+    name = f"hybd-held-{os.getpid()}"
+    with loop_device(sparse(tmp_path / "held.img", size)) as lo:
+        run([dmsetup, "create", name, "--table",
+             f"0 {size // 512} linear {lo} 0"], check=True)
+
+        def hold(on):
+            run([dmsetup, "suspend" if on else "resume", name], check=True)
+        try:
+            yield f"/dev/mapper/{name}", hold
+        finally:
+            hold(False)
+            run([dmsetup, "remove", "--retry", name], check=True)
+
+
+def test_front_shrink_with_a_held_remap_fails_in_time(servers, fastpath,
+                                                      tmp_path):
+    """A read the front remapped onto a target that holds it: a shrink
+    (after the detach a shrink needs) waits for the front's remaps to
+    end, at most the device's I/O timeout: it fails with EBUSY in time,
+    changes nothing, and the read ends once the target lets it go."""
+    with held_target(tmp_path) as (target, hold):
+        dev = Stacker(servers, tmp_path / "request", "--front",
+                      "--io-timeout", "2")
+        assert dev.add(target) == "index 0"
+        fastpath.attach(prog("loop"), dev.dev)
+        hold(True)
+        got = {}
+        reader = threading.Thread(
+            target=lambda: got.update(data=direct_read(dev.dev, 8 * MiB,
+                                                       4096)))
+        reader.start()
+        try:
+            # the front counts a remapped bio in flight in its iostats
+            inflight = f"/sys/block/{os.path.basename(dev.dev)}/inflight"
+            wait_for(lambda: int(Path(inflight).read_text().split()[0]) or
+                     not reader.is_alive(), T_CMD, "the read in flight")
+            assert reader.is_alive(), "the held read ended: not held"
+            detach_ok(dev.dev)
+            start = time.monotonic()
+            rc, _, err = hybdctl("resize", dev.dev, str(32 * MiB))
+            took = time.monotonic() - start
+            assert rc == 1 and "did not end in time" in err, (rc, err)
+            assert took < T_CMD, took
+            assert info(dev.dev)["size"] == 64 * MiB
+        finally:
+            hold(False)
+            reader.join(T_IO)
+        assert got.get("data") == bytes(4096), "the held read failed"
+        # nothing is held now: the shrink drains and is done
+        rc, _, err = hybdctl("resize", dev.dev, str(32 * MiB))
+        assert rc == 0, err
+        assert info(dev.dev)["size"] == 32 * MiB
+        dev.srv.stop()

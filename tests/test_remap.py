@@ -11,6 +11,7 @@ program is attached.  The file lives on ext4 on a loop device (direct I/O
 works there as on a disk); a block-device target is a kernel loop device.
 """
 
+import contextlib
 import ctypes
 import errno
 import mmap
@@ -27,7 +28,8 @@ from hybdlib import (LOOP, REPO, T_CMD, T_IO, direct_read, direct_write,
                      fio, first_difference, fio_verify, hybdctl, hybdctl_json,
                      io_errno, io_uring_usable, loop_device, need_built, need_tool, pattern,
                      record, run, sysfs_queue, wait_for)
-from test_backing import dio_fs, unlink_and_wait_freed  # noqa: F401 (fixture)
+from test_backing import (Stacker, dio_fs,  # noqa: F401 (fixture)
+                          unlink_and_wait_freed)
 from test_recovery import Background, let_run, seeded, wait_waiting
 
 MiB = 1 << 20
@@ -768,3 +770,143 @@ def test_target_deleted_and_added_again_under_fio_verify(dio_fs, servers,
     allocated = os.stat(target).st_blocks * 512
     assert allocated >= 8 * MiB, allocated
     unlink_and_wait_freed(mnt, target, allocated - MiB)
+
+
+def disk_flushes(dev):
+    """Flush requests dev's disk completed (/sys/block/NAME/stat)."""
+    name = os.path.basename(os.path.realpath(dev))
+    with open(f"/sys/block/{name}/stat") as f:
+        return int(f.read().split()[15])
+
+
+@pytest.mark.parametrize("front", [False, True], ids=["requests", "front"])
+def test_write_through_set_in_sysfs_makes_remapped_writes_durable(
+        dio_fs, servers, fastpath, front):
+    """A device with a write cache whose disk is set to "write through"
+    in sysfs gets no flush any more (the block layer drops them): a write
+    remapped onto a file (requests) or a block device (the front) must
+    then be durable when it completes.  Seen on the disk under the
+    target's file system: a flush for each write, where write back had
+    none; for the front, set on the disk behind it."""
+    mnt, fs_disk = dio_fs
+    img = mnt / "target.img"
+    with open(img, "wb") as f:      # allocated: writes change no metadata
+        f.write(bytes(16 * MiB))
+        os.fsync(f.fileno())
+    with contextlib.ExitStack() as stack:
+        if front:
+            target = stack.enter_context(loop_device(img))
+            srv = start_loop(servers, target, "--front")
+        else:
+            srv = start_loop(servers, img)
+        fastpath.attach(prog("loop"), srv.dev)
+        name = os.path.basename(srv.dev) + ("q" if front else "")
+        knob = f"/sys/block/{name}/queue/write_cache"
+        data = pattern("write-through", BLOCK)
+
+        def flushes_of(n):
+            before = disk_flushes(fs_disk)
+            for i in range(n):
+                direct_write(srv.dev, i * BLOCK, data)
+            return disk_flushes(fs_disk) - before
+
+        base = stats(srv.dev)
+        back = flushes_of(8)
+        with open(knob, "w") as f:
+            f.write("write through")
+        try:
+            through = flushes_of(8)
+        finally:
+            with open(knob, "w") as f:
+                f.write("write back")
+        d = delta(stats(srv.dev), base)
+        assert d["remapped"] == 16 and d["slow_issued"] == 0, d
+        # write back: the journal's own commit at most, not one a write
+        assert back < 8, back
+        assert through >= 8, (back, through)
+        assert direct_read(srv.dev, 0, BLOCK) == data
+        detach_ok(srv.dev)
+        srv.stop()
+
+
+def test_discard_on_a_block_device_target_is_checked_as_blkdiscard(
+        servers, fastpath, tmp_path):
+    """A discard remapped onto a block device goes as the device's own
+    BLKDISCARD would: what its page cache held of the range goes too (a
+    buffered read of the target sees the discard), and a read-only
+    target refuses it and keeps its data."""
+    img = tmp_path / "target.img"
+    data = pattern("discard-target", 8 * MiB)
+    with open(img, "wb") as f:
+        f.write(data)
+    blkdiscard = need_tool("blkdiscard")
+    with loop_device(img) as target:
+        # a server that takes discards (hybd-loop over a block device
+        # offers none), every request remapped to the same offset
+        srv = Stacker(servers, tmp_path / "request", "--size", "8M")
+        assert srv.add(target) == "index 0"
+        fastpath.attach(prog("loop"), srv.dev)
+        with open(target, "rb") as f:      # the target's page cache
+            assert os.pread(f.fileno(), MiB, MiB) == data[MiB:2 * MiB]
+            base = stats(srv.dev)
+            res = run([blkdiscard, "-o", str(MiB), "-l", str(MiB), srv.dev])
+            assert res.returncode == 0, res.stderr
+            d = delta(stats(srv.dev), base)
+            # (udev's probe after blkdiscard's close reads, remapped too)
+            assert d["discards"] > 0 and d["slow_issued"] == 0, d
+            assert os.pread(f.fileno(), MiB, MiB) == bytes(MiB), \
+                "the target's page cache kept what was discarded"
+        run(["blockdev", "--setro", target], check=True)
+        try:
+            res = run([blkdiscard, "-o", str(4 * MiB), "-l", str(MiB),
+                       srv.dev])
+            assert res.returncode != 0, "a read-only target took a discard"
+        finally:
+            run(["blockdev", "--setrw", target], check=True)
+        assert direct_read(target, 4 * MiB, MiB) == data[4 * MiB:5 * MiB]
+        detach_ok(srv.dev)
+        srv.srv.stop()
+
+
+@pytest.mark.parametrize("program,flush_errno", [
+    ("loop", 0), ("flushpass", 0), ("flushdone", 0),
+    ("flusheio", errno.EIO)])
+def test_a_flush_syncs_remapped_writes_whatever_its_verdict(
+        dio_fs, servers, fastpath, tmp_path, program, flush_errno):
+    """A write remapped onto a file, then a flush of the device: the file
+    is synced before the flush completes, whether the program remaps the
+    flush (loop), passes it to a server that keeps nothing of the target
+    (stackdrv: memory), completes it, or fails it.  Seen on the disk under
+    the target's file system, whose own commits are held off meanwhile."""
+    mnt, fs_disk = dio_fs
+    run(["mount", "-o", "remount,commit=600", mnt], check=True)
+    img = mnt / "target.img"
+    with open(img, "wb") as f:      # allocated: writes change no metadata
+        f.write(bytes(4 * MiB))
+        os.fsync(f.fileno())
+    dev = Stacker(servers, tmp_path / "request", "--size", "4M")
+    assert dev.add(img) == "index 0"
+    path = prog(program) if program == "loop" else suite_prog(program)
+    fastpath.attach(path, dev.dev)
+    base = stats(dev.dev)
+    data = pattern(f"flush-{program}", BLOCK)
+    direct_write(dev.dev, 0, data)
+    before = disk_flushes(fs_disk)
+    fd = os.open(dev.dev, os.O_RDWR)
+    try:
+        err = 0
+        try:
+            os.fsync(fd)
+        except OSError as e:
+            err = e.errno
+    finally:
+        os.close(fd)
+    synced = disk_flushes(fs_disk) - before
+    assert err == flush_errno, (err, flush_errno)
+    assert synced >= 1, "the flush completed without syncing the target"
+    d = delta(stats(dev.dev), base)
+    assert d["remapped"] >= 1 and d["flushes"] >= 1, d
+    with open(img, "rb") as f:
+        assert f.read(BLOCK) == data
+    detach_ok(dev.dev)
+    dev.srv.stop()

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 import hybd_uapi as uapi
-from hybdlib import (HYBDCTL, LOOP, REPO, T_IO, direct_read, direct_write,
-                     fio_verify, free_id, hybdctl, info, need_built, need_tool,
-                     pattern, run, wait_for)
+from hybdlib import (HYBDCTL, LOOP, REPO, T_CMD, T_IO, direct_read,
+                     direct_write, fio_verify, free_id, hybdctl, info,
+                     need_built, need_tool, pattern, run, wait_for)
 
 MiB = 1 << 20
 CACHE_BPF = REPO / "bpf" / "cache.bpf.o"
@@ -319,3 +319,47 @@ def test_shrink_interrupted_after_the_answer_changes_nothing(badserver):
     resized(srv.dev, 8 * MiB)
     wait_for(lambda: dev_sizes(srv) == [8 * MiB], T_IO, "the published size")
     srv.stop()
+
+
+def test_shrink_is_not_committed_for_a_server_that_did_not_consent(
+        badserver, ramdisk, tmp_path):
+    """The server accepts a shrink, holds a request so that the drain
+    waits, and is killed there; a new server (recovery) takes the device
+    over and ends the held request, so the drain ends with the device
+    live again.  The new server was never asked: the shrink fails with
+    EAGAIN and the size stays."""
+    srv = badserver("resize-hold", "--io-timeout", "20", "--recovery", "60")
+    stop = threading.Event()
+
+    def reader():
+        while not stop.is_set():
+            try:
+                direct_read(srv.dev, 12 * MiB, 4096)
+            except OSError:
+                pass
+
+    t = threading.Thread(target=reader)
+    t.start()
+    try:
+        ctl = subprocess.Popen([HYBDCTL, "resize", srv.dev, str(8 * MiB)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+        wait_for(lambda: any(line.startswith("accepted ") for line in srv.out),
+                 T_IO, "the server's answer")
+        srv.kill()
+        wait_for(lambda: info(srv.dev)["state"] == "waiting", T_CMD,
+                 "the device waiting for a server")
+        # the resize is still draining: the held read is in flight
+        assert ctl.poll() is None, ctl.communicate()
+        disk = tmp_path / "disk"
+        with open(disk, "wb") as f:
+            f.truncate(16 * MiB)
+        new = ramdisk(size=None, id=srv.id, attach=True, backing=disk)
+        out, err = ctl.communicate(timeout=T_IO)
+        assert ctl.returncode == 1, out + err
+        assert "was replaced" in err, err
+    finally:
+        stop.set()
+        t.join(T_IO)
+    assert disk_bytes(srv.dev) == 16 * MiB and info(srv.dev)["size"] == 16 * MiB
+    new.stop()

@@ -314,3 +314,60 @@ def test_backing_target_must_be_the_servers_own(servers, open_control,
         os.close(fd)
         if fd != 3:
             os.close(3)
+
+
+def test_unprivileged_targets_are_on_local_storage(servers, open_control):
+    """A user's device may not remap onto a file whose I/O waits for a
+    server elsewhere (FUSE, NFS, 9p, virtiofs): a remap there is failed
+    neither by the I/O timeout nor by a forced delete, so the user could
+    hold the device, its id and the module.  The guest's results
+    directory is such a file system (virtme-ng shares it with 9p or
+    virtiofs); the user's own file there is refused with EPERM, where one
+    on tmpfs is taken (test_backing_target_must_be_the_servers_own)."""
+    need_built(BADSERVER, "tests/helpers/badserver")
+    results = os.environ.get("HYBD_RESULTS")
+    assert results, "no HYBD_RESULTS: the suite runs in the guest"
+    fstype = mount_type(results)
+    assert fstype in ("9p", "virtiofs", "fuse", "nfs", "nfs4"), fstype
+    remote = Path(results) / f"user-target-{os.getpid()}"
+    with open(remote, "wb") as f:
+        f.truncate(16 * MiB)
+    os.chown(remote, USER, USER)
+    fd = os.open(remote, os.O_RDWR)
+    # the child gets it as descriptor 3, which may be ours (/dev/kmsg's)
+    try:
+        saved = os.dup(3)
+    except OSError:
+        saved = None
+    try:
+        os.dup2(fd, 3)
+        srv = servers.start(as_user(USER, [BADSERVER, "backing-fd3"]),
+                            pass_fds=(3,))
+        wait_for(lambda: any(l.startswith("backing ") for l in srv.out), 30,
+                 "the backing answer")
+        line = [l for l in srv.out if l.startswith("backing ")][0]
+        assert int(line.split()[1]) == errno.EPERM, (fstype, line)
+        srv.stop()
+    finally:
+        os.close(fd)
+        if saved is None:
+            os.close(3)
+        else:
+            os.dup2(saved, 3)
+            os.close(saved)
+        remote.unlink()
+
+
+def mount_type(path):
+    """The type of the file system path is on (/proc/self/mountinfo)."""
+    best, fstype = "", None
+    real = os.path.realpath(path)
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            mnt = fields[4]
+            sep = fields.index("-")
+            if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and \
+                    len(mnt) >= len(best):
+                best, fstype = mnt, fields[sep + 1]
+    return fstype

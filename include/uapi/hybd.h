@@ -161,11 +161,17 @@
  * name the owner for a udev rule.  The kernel does not scan it for
  * partitions (its content is the user's), and a backing target its server
  * registers must be a file or device the server may itself read (and
- * write, HYBD_BACKING_F_WRITE).  It always has an I/O timeout: 0 becomes
+ * write, HYBD_BACKING_F_WRITE), on local storage: a block device (not
+ * a loop or nbd device), or a file on tmpfs or on a file system built on
+ * block devices that is not FUSE
+ * (-EPERM otherwise: a remap on FUSE, NFS, 9p or virtiofs waits for
+ * whoever serves it, and neither the I/O timeout nor a forced delete
+ * ends a remap).  It always has an I/O timeout: 0 becomes
  * 30 s, and an io_timeout or recovery_timeout above the module parameter
  * max_user_timeout (120 s) fails with -EPERM.  Limits: per user,
  * max_user_devices and max_user_mem_mb (what its devices pin: rings,
- * tags and a fixed part; charged from the add until the device is freed,
+ * tags, what they have per possible CPU, their kernel threads and a
+ * fixed part; charged from the add until the device is freed,
  * which is after its delete if a server still holds its node), charged
  * to the owner or, in user namespaces, to the user (not root) who made
  * the outermost one; for all users together, max_unpriv_devices.  An add
@@ -508,8 +514,9 @@ struct hybd_ctl_features {
  * within the device's I/O timeout (HYBD_RESIZE_TIMEOUT without one), or
  * the resize fails with -ETIMEDOUT and nothing changes.  A grow then sets
  * the new size.  A shrink then waits for the requests in flight to end
- * while holding new ones back (the queue is frozen, at most as long as
- * the server may take to answer; -EBUSY if they do not end in time,
+ * (and, on a device with a bio front, what it remapped) while holding new
+ * ones back (the queue is frozen, at most as long as the server may take
+ * to answer, all waits together; -EBUSY if they do not end in time,
  * -EINTR on a signal: nothing changes), sets the size and lets requests
  * in again.  Either way the new size is published last, in every ring
  * header's dev_size: a server lets go of blocks beyond a shrunk end only
@@ -526,7 +533,9 @@ struct hybd_ctl_features {
  * program's per-block maps (sized when it was loaded) do not cover the new
  * blocks: a lookup there finds nothing, and the program passes those
  * requests on.  Errors: -ENODEV (no such device, or dead or deleting),
- * -EAGAIN (not live: not started, or waiting for a server), -EOPNOTSUPP
+ * -EAGAIN (not live: not started, or waiting for a server; or the server
+ * that was asked, or asked, was replaced before the size was set: its
+ * successor did not consent; nothing changed), -EOPNOTSUPP
  * (the server does not answer resizes: no HYBD_DEV_F_RESIZE; or unknown
  * flags), -EINVAL (@size, reserved), -EBUSY (above, or another resize under way), -ETIMEDOUT,
  * -EINTR (a signal while waiting: nothing changed), or the server's own
@@ -820,15 +829,17 @@ struct hybd_srv_queue_cpus {
  * -EPERM (HYBD_BACKING_F_WRITE on an append-only file: remapped writes
  * are not appends), -EOPNOTSUPP (unknown flags, no direct I/O), -ELOOP (its
  * I/O may come back to the device, see below), -ENOSPC (every index
- * taken), -E2BIG (see the growth rules).
+ * taken), -E2BIG (see the growth rules), -EINTR (killed while the check,
+ * one at a time for all devices, was under way).
  *
  * A remap whose I/O comes back to its own device waits for tags its own
  * requests hold: the device would hang.  The kernel refuses (-ELOOP) the
  * device itself or a partition of it; a file on a file system that keeps
  * anything on it (its data, a btrfs device, an XFS log or realtime
  * device, an ext4 journal), also through overlayfs; another hybd device
- * whose targets lead back to it, followed 8 devices deep (deeper is
- * refused); and a dm or md device while a stacking driver (dm, md, btrfs)
+ * whose targets lead back to it, followed 8 devices deep, each device
+ * once (deeper is refused, as is a stack of more than 1024 targets and
+ * devices); and a dm or md device while a stacking driver (dm, md, btrfs)
  * claims the device, as what such a device is built on is not seen.  It
  * cannot see what a loop device, nbd or another user-space server does
  * with its I/O: a stack through one of those is the server's to avoid.
@@ -841,9 +852,14 @@ struct hybd_srv_queue_cpus {
  * be durable yet, is kept (its file stays open) until they have ended and
  * the kernel has synced it (at once, in a worker; HYBD_SRV_REMAP_BARRIER
  * waits for it): a flush covers every remapped write completed before it,
- * also on targets taken off since.  On a device without a write
- * cache, every remapped write, discard and write-zeroes is durable when it
- * completes (a data sync of its range).
+ * also on targets taken off since, whatever the program makes of the
+ * flush: remapped, passed to the server, completed or failed, it waits
+ * for those targets to be synced first (in a worker), and a failed sync
+ * fails it.  On a device without a write
+ * cache (HYBD_DEV_F_WRITE_CACHE unset, or "write through" written to its
+ * disk's or front's queue/write_cache in sysfs since), every remapped
+ * write, discard and write-zeroes is durable when it completes (a data
+ * sync of its range, a FUA write in the front).
  */
 #define HYBD_MAX_BACKINGS	16
 #define HYBD_BACKING_F_WRITE	(1U << 0)	/* requests may write to it */

@@ -4,7 +4,7 @@
  * purpose, so that tests can check that the kernel rejects, counts and
  * survives it.
  *
- *   badserver MODE [--size BYTES] [--io-timeout SECONDS]
+ *   badserver MODE [--size BYTES] [--io-timeout SECONDS] [--recovery SECONDS]
  *
  * It adds a device (1 queue, depth 16, 4 KiB blocks, read and write only,
  * no write cache, 16 MiB unless --size), serves it correctly from a
@@ -51,6 +51,8 @@
  * kernel committed) is printed as "dev_size BYTES".
  *
  * --io-timeout sets the device's I/O timeout (default: libhybd's, 30 s).
+ * --recovery sets its recovery timeout: killed, it holds the device's I/O
+ * that long for a new server (examples/ramdisk --attach).
  *
  * SIGINT/SIGTERM: delete the device and exit 0.  The device deleted by
  * someone else: exit 0.  Anything else going wrong: exit 1.
@@ -118,6 +120,7 @@ static struct {
 	uint32_t id;
 	uint64_t size;
 	uint32_t io_timeout;
+	uint32_t recovery_timeout;	/* --recovery, 0: none */
 	unsigned char *disk;
 
 	struct hybd_ring_hdr *hdr;
@@ -399,6 +402,7 @@ static void setup(void)
 		cfg.flags |= HYBD_DEV_F_RESIZE;
 	if (srv.io_timeout != UINT32_MAX)
 		cfg.io_timeout = srv.io_timeout;
+	cfg.recovery_timeout = srv.recovery_timeout;
 	ret = hybd_ctl_add(&cfg, &srv.id);
 	if (ret) {
 		srv.id = HYBD_DEV_ID_ANY;
@@ -515,7 +519,7 @@ static void usage(void)
 	size_t i;
 
 	fprintf(stderr,
-		"usage: badserver MODE [--size BYTES] [--io-timeout SECONDS]\nmodes:");
+		"usage: badserver MODE [--size BYTES] [--io-timeout SECONDS] [--recovery SECONDS]\nmodes:");
 	for (i = 0; i < NR_MODES; i++)
 		fprintf(stderr, " %s", mode_names[i]);
 	fprintf(stderr, "\n");
@@ -548,6 +552,8 @@ int main(int argc, char **argv)
 			srv.size = v;
 		else if (!strcmp(argv[arg], "--io-timeout") && v < UINT32_MAX)
 			srv.io_timeout = v;
+		else if (!strcmp(argv[arg], "--recovery") && v < UINT32_MAX)
+			srv.recovery_timeout = v;
 		else
 			usage();
 	}

@@ -5,10 +5,13 @@
  * back to the device (-ELOOP), whose stacks need the device to exist
  * first.
  *
- *   stackdrv [--size BYTES] REQUEST_FILE
+ *   stackdrv [--size BYTES] [--front] [--io-timeout SECONDS] REQUEST_FILE
  *
  * Serves a zero-filled memory disk (1 queue, 4 KiB blocks, 64 MiB unless
- * --size) and prints "ready /dev/hybdN".  On each SIGUSR1 it reads a path
+ * --size; with a bio-based front if --front) and prints "ready
+ * /dev/hybdN".  It takes resizes up to its first size (`hybdctl
+ * resize`), has a write cache (its flushes do nothing) and takes discards
+ * (zeroes).  On each SIGUSR1 it reads a path
  * from REQUEST_FILE, opens it for reading and writing, registers it as a
  * writable backing target (hybd_dev_add_backing()), closes it, and prints
  * "add PATH: index N" or "add PATH: error ENAME: message".  Nothing is
@@ -20,6 +23,8 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -105,31 +110,72 @@ static void ready(struct hybd_dev *dev)
 	pthread_detach(thread);
 }
 
+/* memory: nothing to make durable, but a write cache for flushes to reach */
+static int mem_flush(struct hybd_io *io)
+{
+	(void)io;
+	return 0;
+}
+
+/* a discard zeroes: what a program does not remap reads back as 0 */
+static int mem_discard(struct hybd_io *io, uint64_t off, uint32_t len)
+{
+	(void)io;
+	memset(mem + off, 0, len);
+	return 0;
+}
+
+static uint64_t mem_size;
+
+/* any size the memory holds: a shrink keeps it all, a grow finds zeros */
+static int mem_resize(struct hybd_dev *dev, uint64_t size)
+{
+	(void)dev;
+	return size <= mem_size ? 0 : -ENOSPC;
+}
+
 static const struct hybd_driver driver = {
 	.read = mem_read,
 	.write = mem_write,
 	.ready = ready,
+	.resize = mem_resize,
+	.flush = mem_flush,
+	.discard = mem_discard,
 };
+
+static int usage(void)
+{
+	fprintf(stderr, "usage: stackdrv [--size BYTES] [--front] [--io-timeout SECONDS] REQUEST_FILE\n");
+	return 2;
+}
 
 int main(int argc, char **argv)
 {
+	uint64_t size = 64 << 20, timeout = UINT64_MAX;
 	struct hybd_config cfg;
-	uint64_t size = 64 << 20;
+	bool front = false;
 	sigset_t usr1;
+	int arg;
 
-	if (argc == 4 && !strcmp(argv[1], "--size")) {
-		if (hybd_parse_size(argv[2], &size) < 0 || !size) {
-			fprintf(stderr, "stackdrv: bad --size %s\n", argv[2]);
-			return 2;
+	for (arg = 1; arg < argc - 1; arg++) {
+		if (!strcmp(argv[arg], "--front")) {
+			front = true;
+		} else if (!strcmp(argv[arg], "--size") && arg + 2 < argc) {
+			if (hybd_parse_size(argv[++arg], &size) < 0 || !size)
+				return usage();
+		} else if (!strcmp(argv[arg], "--io-timeout") &&
+			   arg + 2 < argc) {
+			if (hybd_parse_size(argv[++arg], &timeout) < 0 ||
+			    timeout >= UINT32_MAX)
+				return usage();
+		} else {
+			return usage();
 		}
-		argv += 2;
-		argc -= 2;
 	}
-	if (argc != 2) {
-		fprintf(stderr, "usage: stackdrv [--size BYTES] REQUEST_FILE\n");
-		return 2;
-	}
-	request_file = argv[1];
+	if (arg != argc - 1)
+		return usage();
+	request_file = argv[arg];
+	mem_size = size;
 	mem = calloc(1, size);
 	if (!mem) {
 		fprintf(stderr, "stackdrv: cannot allocate the disk\n");
@@ -143,6 +189,10 @@ int main(int argc, char **argv)
 	hybd_config_init(&cfg);
 	cfg.size = size;
 	cfg.nr_queues = 1;
+	if (timeout != UINT64_MAX)	/* else libhybd's */
+		cfg.io_timeout = timeout;
+	if (front)
+		cfg.flags |= HYBD_DEV_F_BIO_FRONT;
 	if (hybd_run(&cfg, &driver, NULL)) {
 		fprintf(stderr, "stackdrv: %s\n", hybd_errmsg());
 		return 1;
