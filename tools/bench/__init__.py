@@ -1,0 +1,16 @@
+# SPDX-License-Identifier: GPL-2.0
+"""hybd's benchmark harness (make bench), split by concern: tools/bench.py
+runs it (main.main) and its docstring is the usage.
+
+  catalogue  the lines, the modes, the comparisons and the targets (data)
+  common     errors, messages, running commands
+  devio      direct I/O: writing the measured regions, reading them back
+  setup      a line, the run's context and cleanup, what lines share
+  peers      the setup of the drivers hybd is measured against
+  hybd       the setup of hybd's drivers (its servers, hybdctl)
+  runner     fio: one run of a line, the interleaved rounds
+  document   bench.json: the run's metadata and every round
+  report     the summary, the tables, the targets and the chart (--report)
+  tracing    --trace and --profile (tools/reqtrace.py)
+  main       the command line and main()
+"""

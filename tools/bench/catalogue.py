@@ -1,0 +1,351 @@
+# SPDX-License-Identifier: GPL-2.0
+"""The catalogue: every line measured, the modes each is measured in, the
+comparisons the report prints and the targets it checks (data only)."""
+
+
+BS = 4096
+QD32 = 32
+SEQ_BS = 128 << 10
+SEQ_QD = 8
+
+
+# key -> (label, hybd server setup or None).  The order is the table's.
+#   prog: bpf/<prog>.bpf.o attached; data: region written before measuring;
+#   poll_ns: the server's --poll-ns; fast: reads are expected on the fast
+#   path; queues: the server's --queues (default: the library's, one per
+#   CPU); server: the example that serves it (default the ramdisk)
+LINES = {
+    "nullblk": ("null_blk (memory)", None),
+    "unull1": ("ublk null, 1 queue", None),
+    "unull": ("ublk null, N queues", None),
+    "unull1z": ("ublk null, 1 queue, zero copy", None),
+    "hnull1": ("hybd null, 1 queue",
+               dict(prog=None, data=False, poll_ns=0, fast=False,
+                    server="null", queues=1)),
+    "hnull": ("hybd null",
+              dict(prog=None, data=False, poll_ns=0, fast=False,
+                   server="null")),
+    "hnullq": ("hybd null, workers on queue CPUs",
+               dict(prog=None, data=False, poll_ns=0, fast=False,
+                    server="null", flags=["--queue-affinity"])),
+    "noprog1": ("hybd ramdisk, 1 queue",
+                dict(prog=None, data=True, poll_ns=0, fast=False, queues=1)),
+    "noprog": ("hybd ramdisk",
+               dict(prog=None, data=True, poll_ns=0, fast=False)),
+    "passthrough": ("hybd + passthrough",
+                    dict(prog="passthrough", data=True, poll_ns=0, fast=False)),
+    "poll": ("hybd, poll 50 us",
+             dict(prog=None, data=True, poll_ns=50000, fast=False)),
+    "cache": ("hybd + cache (hits)",
+              dict(prog="cache", data=True, poll_ns=0, fast=True)),
+    "zero": ("hybd + zero (hits)",
+             dict(prog="zero", data=False, poll_ns=0, fast=True)),
+    "nbd": ("nbd + nbdkit", None),
+    "nbdk": ("kernel nbd client, TCP + 0.5 ms", None),
+    "nbdexc": ("hybd-nbd, cold, TCP + 0.5 ms",
+               dict(prog=None, data=False, poll_ns=0, fast=False,
+                    server="nbd", queues=2)),
+    "nbdexst": ("hybd-nbd, cold, structured replies",
+                dict(prog=None, data=False, poll_ns=0, fast=False,
+                     server="nbd", queues=2,
+                     flags=["--structured-replies"])),
+    "nbdexw": ("hybd-nbd + fast path, warm",
+               dict(prog=None, data=False, poll_ns=0, fast=True,
+                    server="nbd", queues=2)),
+    "nbdexz": ("hybd-nbd + fast path, zipf over 128 MiB",
+               dict(prog=None, data=False, poll_ns=0, fast=False,
+                    server="nbd", queues=2, region=128 << 20,
+                    dist="zipf:1.1",
+                    counters=("cache_hits", "zero_hits", "misses"),
+                    total="reads")),
+    "kloop": ("kernel loop (file)", None),
+    "uloop": ("ublk loop (file)", None),
+    "uloopz": ("ublk loop (file), zero copy", None),
+    "hloop1": ("hybd-loop, 1 queue (file)",
+               dict(prog=None, data=True, poll_ns=0, fast=False,
+                    server="loop", queues=1)),
+    "hloop": ("hybd-loop (file)",
+              dict(prog=None, data=True, poll_ns=0, fast=False,
+                   server="loop")),
+    "bloop": ("BPF loop (remap)",
+              dict(prog="loop", data=True, poll_ns=0, fast=True,
+                   server="bloop")),
+    "bloop1": ("BPF loop (remap), 1 queue",
+               dict(prog="loop", data=True, poll_ns=0, fast=True,
+                    server="bloop", queues=1)),
+    "bloopp": ("BPF loop (remap), poll 50 us",
+               dict(prog="loop", data=True, poll_ns=50000, fast=True,
+                    server="bloop")),
+    "bloop1p": ("BPF loop (remap), 1 queue, poll 50 us",
+                dict(prog="loop", data=True, poll_ns=50000, fast=True,
+                     server="bloop", queues=1)),
+    "bloopb": ("BPF loop on null_blk (remap)",
+               dict(prog="loop", data=False, poll_ns=0, fast=True,
+                    server="bloop", bdev=True)),
+    "bloopbf": ("BPF loop on null_blk (remap), bio front",
+                dict(prog="loop", data=False, poll_ns=0, fast=True,
+                     server="bloop", bdev=True, flags=["--front"])),
+    "dmlinear": ("dm-linear on null_blk", None),
+    "kloopx": ("kernel loop (file on ext4)", None),
+    "bloopx": ("BPF loop (remap, file on ext4)",
+               dict(prog="loop", data=True, poll_ns=0, fast=True,
+                    server="bloop", ext4=True)),
+    "dmcrypt": ("dm-crypt (plain, loop)", None),
+    "dmcryptnw": ("dm-crypt, no workqueues", None),
+    "encslow": ("encrypt, no fast path",
+                dict(prog=None, data="mix", poll_ns=0, fast=False,
+                     server="encrypt", flags=["--no-fast-path"])),
+    "encslow1": ("encrypt, no fast path, 1 queue",
+                 dict(prog=None, data="mix", poll_ns=0, fast=False,
+                      server="encrypt", flags=["--no-fast-path"],
+                      queues=1)),
+    "encfast": ("encrypt + fast path",
+                dict(prog=None, data="mix", poll_ns=0, fast=False,
+                     server="encrypt", flags=[])),
+    "enccache": ("encrypt + cache",
+                 dict(prog=None, data="mix", poll_ns=0, fast=True,
+                      server="encrypt", flags=["--cache"])),
+    "ddslow": ("dedup, no fast path",
+               dict(prog=None, data="mix", poll_ns=0, fast=False,
+                    server="dedup")),
+    "ddslow1": ("dedup, no fast path, 1 queue",
+                dict(prog=None, data="mix", poll_ns=0, fast=False,
+                     server="dedup", queues=1)),
+    "ddslowt0": ("dedup, no fast path, no pool",
+                 dict(prog=None, data="mix", poll_ns=0, fast=False,
+                      server="dedup", flags=["--threads", "0"])),
+    "ddslow1t0": ("dedup, no fast path, 1 queue, no pool",
+                  dict(prog=None, data="mix", poll_ns=0, fast=False,
+                       server="dedup", queues=1, flags=["--threads", "0"])),
+    "ddfast": ("dedup + fast path",
+               dict(prog=None, data="mix", poll_ns=0, fast=True,
+                    server="dedup")),
+    "ddmslow": ("dedup mapped, slow",
+                dict(prog=None, data=True, poll_ns=0, fast=False,
+                     server="dedup")),
+    "ddremap": ("dedup mapped, remap",
+                dict(prog=None, data=True, poll_ns=0, fast=True,
+                     server="dedup", bpf="dedup-nocache.bpf.o")),
+    # reads over 4 times what dedup's cache holds (32 MiB): what is not
+    # cached is remapped to the store; its program's counters give the
+    # hit rates
+    "ddbig": ("dedup + fast path, 128 MiB working set",
+              dict(prog=None, data=True, poll_ns=0, fast=True,
+                   server="dedup", region=128 << 20,
+                   counters=("cache_hits", "remap_hits", "zero_hits",
+                             "read_misses"), total="reads")),
+}
+# The large-I/O modes: sequential, O_DIRECT, fio's --rw, block size and
+# depth; "seq" (128 KiB reads at QD8, SEQ_LINES) is older than the rest,
+# which only LARGE_LINES are measured in.  Writes go to the region after
+# the one read, as qd1w's do.
+SEQ_MODES = {"seq": ("read", SEQ_BS, SEQ_QD),
+             "seq32": ("read", SEQ_BS, QD32),
+             "seqw": ("write", SEQ_BS, SEQ_QD),
+             "seqw32": ("write", SEQ_BS, QD32),
+             "seq1m": ("read", 1 << 20, SEQ_QD),
+             "seq1m32": ("read", 1 << 20, QD32),
+             "seqw1m": ("write", 1 << 20, SEQ_QD),
+             "seqw1m32": ("write", 1 << 20, QD32)}
+LARGE_MODES = tuple(m for m in SEQ_MODES if m != "seq")
+MODES = ("qd1", "qd32", "par", "seq", "qd1w", *LARGE_MODES)
+# the lines measured in LARGE_MODES too: each kind of slow path at the
+# library's defaults (null, ramdisk, hybd-loop, hybd-nbd), the BPF loop,
+# and ublk's null and loop at rublk's default (1 queue), with and without
+# zero copy.  hybd's servers take requests of up to 128 KiB (--max-io, the
+# library's default), rublk's of up to 512 KiB (its -b default): a 1 MiB
+# read is 8 requests to the one, 2 to the other.  Each line costs 7 more
+# fio runs a round; hybd-nbd, whose export is read-only, 3 and "seq".
+LARGE_LINES = ("unull1", "unull1z", "hnull", "noprog", "nbdexc", "uloop",
+               "uloopz", "hloop", "bloop")
+# the lines of LARGE_LINES that are written too
+LARGE_WRITE_LINES = tuple(k for k in LARGE_LINES if k != "nbdexc")
+# the lines measured in "seq" (128 KiB sequential reads) too
+SEQ_LINES = ("nullblk", "unull1", "unull", "unull1z", "hnull1", "hnull",
+             "hnullq", "noprog1", "noprog", "nbdexc", "kloop", "uloop",
+             "uloopz", "hloop1", "hloop", "bloop",
+             "bloop1", "bloopp", "bloop1p", "bloopb", "bloopbf", "dmlinear",
+             "kloopx",
+             "bloopx", "dmcrypt",
+             "dmcryptnw", "encslow", "encslow1", "encfast",
+             "enccache", "ddslow", "ddslow1", "ddmslow", "ddremap")
+# the lines measured in "par" (2 submitters: 2 fio jobs at QD16) too
+PAR_LINES = ("nullblk", "unull1", "unull", "unull1z", "hnull1", "hnull",
+             "hnullq", "noprog1", "noprog", "kloop", "uloop", "uloopz",
+             "hloop1", "hloop", "bloop",
+             "bloop1", "bloopp", "bloop1p", "bloopb", "bloopbf", "dmlinear",
+             "kloopx",
+             "bloopx", "dmcrypt",
+             "dmcryptnw", "encslow", "encslow1", "ddslow",
+             "ddslow1", "ddremap")
+# the lines measured in "qd1w" (4 KiB random writes, QD1) too
+WRITE_LINES = ("kloop", "uloop", "uloopz", "hloop1", "hloop", "bloop",
+               "bloop1",
+               "bloopb", "bloopbf",
+               "dmlinear", "kloopx", "bloopx", "dmcrypt",
+               "dmcryptnw", "encslow", "encslow1", "ddslow", "ddslow1")
+
+# The comparisons the report prints (and --only takes by name): what a
+# user would pick instead of each hybd line.  (name, [(line, reference)])
+COMPARISONS = (
+    ("slowpath", "the slow path against ublk's (the same work: none)",
+     [("hnull1", "unull1"), ("hnull", "unull"), ("hnull", "unull1"),
+      ("hnullq", "hnull"),
+      ("noprog1", "hnull1"), ("noprog", "hnull"), ("poll", "noprog"),
+      ("passthrough", "noprog")]),
+    ("fastpath", "fast-path hits against null_blk",
+     [("cache", "nullblk"), ("zero", "nullblk"), ("cache", "noprog")]),
+    ("nbd", "the slow path against nbd + nbdkit",
+     [("noprog", "nbd")]),
+    ("nbdex", "examples/nbd against the kernel nbd client (same export, "
+     "TCP + 0.5 ms each way)",
+     [("nbdexc", "nbdk"), ("nbdexst", "nbdk"), ("nbdexst", "nbdexc"),
+      ("nbdexw", "nbdk"), ("nbdexw", "nullblk"),
+      ("nbdexz", "nbdexc")]),
+    ("loop", "the loop drivers over one kind of file",
+     [("uloop", "kloop"), ("hloop1", "uloop"), ("hloop", "uloop"),
+      ("hloop", "kloop"), ("bloop", "kloop"), ("bloop1", "kloop"),
+      ("bloopp", "kloop"), ("bloop1p", "kloop"), ("bloopp", "bloop")]),
+    ("loopbdev", "the BPF loop against dm-linear on one block device",
+     [("bloopb", "dmlinear"), ("bloopbf", "dmlinear"), ("bloopbf", "bloopb"),
+      ("dmlinear", "nullblk")]),
+    ("loopext4", "the BPF loop against the kernel loop on a file on ext4 "
+     "(a file system that honours IOCB_NOWAIT)",
+     [("bloopx", "kloopx"), ("kloopx", "kloop")]),
+    ("crypt", "encrypt against dm-crypt (same cipher and key)",
+     [("encslow", "dmcrypt"), ("encslow", "dmcryptnw"),
+      ("encslow1", "dmcrypt"), ("dmcryptnw", "dmcrypt"),
+      ("encfast", "dmcrypt"), ("enccache", "dmcrypt")]),
+    ("dedup", "dedup against the kernel loop",
+     [("ddslow", "kloop"), ("ddslow1", "kloop"), ("ddslowt0", "kloop"),
+      ("ddslow1t0", "kloop"), ("ddfast", "kloop"),
+      ("ddmslow", "kloop"),
+      ("ddremap", "kloop"), ("ddremap", "ddmslow"), ("ddbig", "kloop"),
+      ("ddbig", "ddremap")]),
+    # ublk at its best: what zero copy gives ublk itself, then hybd's slow
+    # path (null, ramdisk, hybd-loop) and the BPF loop against it.  The
+    # ramdisk copies its data where ublk's null target has none to copy.
+    # hybd-nbd has no ublk peer (its export is over TCP): it is in
+    # LARGE_LINES, not here.
+    ("ublkzc", "the slow path and the BPF loop against ublk with zero copy "
+     "(UBLK_F_AUTO_BUF_REG)",
+     [("unull1z", "unull1"), ("uloopz", "uloop"),
+      ("hnull1", "unull1z"), ("hnull", "unull1z"), ("noprog", "unull1z"),
+      ("hloop1", "uloopz"), ("hloop", "uloopz"), ("bloop", "uloopz")]),
+)
+GROUPS = {name: list(dict.fromkeys(k for pair in pairs for k in pair))
+          for name, _, pairs in COMPARISONS}
+
+# (what, line, reference, metric, limit): line/reference of the metric's
+# median must be <= limit (metric qd1_iops: >= limit)
+TARGETS = (
+    ("fast-path hit QD1 mean within 1.25x of null_blk",
+     "cache", "nullblk", "mean_us", 1.25),
+    ("zero-block hit QD1 mean within 1.25x of null_blk",
+     "zero", "nullblk", "mean_us", 1.25),
+    ("fast path >= 2x the QD1 IOPS of no program",
+     "cache", "noprog", "qd1_iops", 2.0),
+    ("passthrough <= 5% more QD1 latency than no program",
+     "passthrough", "noprog", "mean_us", 1.05),
+    ("slow path QD1 mean <= half of nbd + nbdkit",
+     "noprog", "nbd", "mean_us", 0.5),
+    ("hybd-nbd cold QD1 mean <= 1.1x the kernel nbd client's",
+     "nbdexc", "nbdk", "mean_us", 1.1),
+    ("hybd-nbd cold QD32 IOPS >= the kernel nbd client's",
+     "nbdexc", "nbdk", "qd32_iops", 1.0),
+    ("hybd-nbd warm QD1 mean within 1.25x of null_blk",
+     "nbdexw", "nullblk", "mean_us", 1.25),
+    ("hybd null QD1 mean <= ublk null's, 1 queue each",
+     "hnull1", "unull1", "mean_us", 1.0),
+    ("hybd null QD32 IOPS >= ublk null's, 1 queue each",
+     "hnull1", "unull1", "qd32_iops", 1.0),
+    ("hybd null 2 x QD16 IOPS >= ublk null's, 1 queue each",
+     "hnull1", "unull1", "par_iops", 1.0),
+    ("hybd null 128K sequential >= ublk null's, 1 queue each",
+     "hnull1", "unull1", "seq_mib_s", 1.0),
+    ("hybd null QD1 mean <= ublk null's, N queues each",
+     "hnull", "unull", "mean_us", 1.0),
+    ("hybd null QD32 IOPS >= ublk null's, N queues each",
+     "hnull", "unull", "qd32_iops", 1.0),
+    ("hybd null 2 x QD16 IOPS >= ublk null's, N queues each",
+     "hnull", "unull", "par_iops", 1.0),
+    ("hybd null 128K sequential >= ublk null's, N queues each",
+     "hnull", "unull", "seq_mib_s", 1.0),
+    ("hybd null default QD1 mean <= ublk null default's",
+     "hnull", "unull1", "mean_us", 1.0),
+    ("hybd null default QD32 IOPS >= ublk null default's",
+     "hnull", "unull1", "qd32_iops", 1.0),
+    ("hybd null default 2 x QD16 IOPS >= ublk null default's",
+     "hnull", "unull1", "par_iops", 1.0),
+    ("hybd null default 128K sequential >= ublk null default's",
+     "hnull", "unull1", "seq_mib_s", 1.0),
+    ("ramdisk (copies) QD1 mean within 1.3x of the null server's",
+     "noprog", "hnull", "mean_us", 1.3),
+    ("BPF loop QD1 read mean <= kernel loop's",
+     "bloop", "kloop", "mean_us", 1.0),
+    ("BPF loop QD1 write mean <= kernel loop's",
+     "bloop", "kloop", "w_mean_us", 1.0),
+    ("BPF loop QD32 IOPS >= kernel loop's",
+     "bloop", "kloop", "qd32_iops", 1.0),
+    ("BPF loop 128K sequential >= kernel loop's",
+     "bloop", "kloop", "seq_mib_s", 1.0),
+    ("hybd-loop QD1 mean <= ublk loop's, 1 queue each",
+     "hloop1", "uloop", "mean_us", 1.0),
+    ("hybd-loop QD32 IOPS >= ublk loop's, 1 queue each",
+     "hloop1", "uloop", "qd32_iops", 1.0),
+    ("hybd-loop default QD1 mean <= ublk loop default's",
+     "hloop", "uloop", "mean_us", 1.0),
+    ("hybd-loop default QD32 IOPS >= ublk loop default's",
+     "hloop", "uloop", "qd32_iops", 1.0),
+    ("BPF loop 2 x QD16 IOPS >= kernel loop's",
+     "bloop", "kloop", "par_iops", 1.0),
+    ("BPF loop on a block device QD1 read mean <= dm-linear's",
+     "bloopb", "dmlinear", "mean_us", 1.0),
+    ("BPF loop on a block device QD32 IOPS >= dm-linear's",
+     "bloopb", "dmlinear", "qd32_iops", 1.0),
+    ("BPF loop with a bio front QD1 read mean <= dm-linear's",
+     "bloopbf", "dmlinear", "mean_us", 1.0),
+    ("BPF loop with a bio front QD32 IOPS >= dm-linear's",
+     "bloopbf", "dmlinear", "qd32_iops", 1.0),
+    ("encrypt QD1 mean <= 1.1x dm-crypt's",
+     "encslow", "dmcrypt", "mean_us", 1.1),
+    ("encrypt QD32 IOPS >= dm-crypt's",
+     "encslow", "dmcrypt", "qd32_iops", 1.0),
+    ("encrypt 128K sequential >= dm-crypt's",
+     "encslow", "dmcrypt", "seq_mib_s", 1.0),
+    ("encrypt QD1 write mean <= 1.1x dm-crypt's",
+     "encslow", "dmcrypt", "w_mean_us", 1.1),
+    ("encrypt QD1 mean <= 1.1x dm-crypt's without workqueues",
+     "encslow", "dmcryptnw", "mean_us", 1.1),
+    ("encrypt QD32 IOPS >= dm-crypt's without workqueues",
+     "encslow", "dmcryptnw", "qd32_iops", 1.0),
+    ("encrypt 128K sequential >= dm-crypt's without workqueues",
+     "encslow", "dmcryptnw", "seq_mib_s", 1.0),
+    ("encrypt QD1 write mean <= 1.1x dm-crypt's without workqueues",
+     "encslow", "dmcryptnw", "w_mean_us", 1.1),
+    ("dedup remapped reads QD1 mean <= 1.15x the kernel loop's",
+     "ddremap", "kloop", "mean_us", 1.15),
+    ("dedup remapped reads QD32 IOPS >= 0.9x the kernel loop's",
+     "ddremap", "kloop", "qd32_iops", 0.9),
+    ("dedup slow-path reads QD1 mean <= 2x the kernel loop's",
+     "ddmslow", "kloop", "mean_us", 2.0),
+    ("dedup slow-path reads QD32 IOPS >= 0.7x the kernel loop's",
+     "ddmslow", "kloop", "qd32_iops", 0.7),
+    ("dedup QD1 write mean <= 3x the kernel loop's",
+     "ddslow", "kloop", "w_mean_us", 3.0),
+    ("dedup remapped reads >= 3x slow path QD1 IOPS",
+     "ddremap", "ddmslow", "qd1_iops", 3.0),
+)
+# metric -> (mode, fio key, higher is better)
+METRICS = {"mean_us": ("qd1", "mean_us", False),
+           "qd1_iops": ("qd1", "mean_us", True),
+           "w_mean_us": ("qd1w", "mean_us", False),
+           "qd32_iops": ("qd32", "iops", True),
+           "par_iops": ("par", "iops", True),
+           "seq_mib_s": ("seq", "mib_s", True),
+           **{f"{m}_mib_s": (m, "mib_s", True) for m in LARGE_MODES}}
+
+
+def writes(mode):
+    """Whether fio writes in this mode (else it reads)."""
+    return mode == "qd1w" or SEQ_MODES.get(mode, ("",))[0] == "write"
