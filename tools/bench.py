@@ -25,6 +25,9 @@ interleaved round-robin, and reports medians, per-round ranges and ratios:
   poll         hybd ramdisk, no program, --poll-ns 50000 (bounded polling)
   cache        hybd ramdisk + cache.bpf.o, warm: 100% fast-path hits
   zero         hybd ramdisk + zero.bpf.o, warm, never-written blocks
+               (warm: the setup reads the region before the rounds, which
+               fills the cache; the label says so, and so does each row
+               comparing the line with one without a cache)
   nbd          nbd + nbdkit (memory plugin, Unix socket)
   nbdk         the kernel nbd client (nbd-client, 2 connections) over TCP
                to nbdkit's pattern plugin (read-only, no holes: every
@@ -41,6 +44,8 @@ interleaved round-robin, and reports medians, per-round ranges and ratios:
                zipfian (fio zipf:1.1): the program's counters give the hit
                rate of a working set larger than the cache
   kloop        the kernel loop device over a file (direct I/O)
+  kloopm       the same over a file of its own written with the disk
+               image's mix (below): the peer of dedup's mix lines
   uloop        ublk's loop target (rublk, 1 queue, direct I/O) over
                kloop's file
   uloopz       the same with zero copy (rublk --zero-copy): the file's
@@ -75,6 +80,8 @@ interleaved round-robin, and reports medians, per-round ranges and ratios:
   dmcryptnw    the same with --perf-no_read_workqueue and
                --perf-no_write_workqueue (no kcryptd workqueues), on a
                loop device of its own over the same file
+  dmcryptf     dmcrypt over encfull's file (every block written)
+  dmcryptnwf   dmcryptnw over encfull's file
   encslow      examples/encrypt (AES-256-XTS, 512-byte sectors) over a
                sparse file, --no-fast-path, over a disk image's mix: a
                third never written (holes), a third duplicates of 16
@@ -83,6 +90,8 @@ interleaved round-robin, and reports medians, per-round ranges and ratios:
   encfast      the same with its fast path (encrypt.bpf.o): holes in the
                kernel, the rest decrypted by the slow path
   enccache     the same with --cache (encrypt-cache.bpf.o), warm
+  encfull      encslow over fully written data (every block, all
+               different): every read decrypted, as dm-crypt's are
   ddslow       examples/dedup over a store file, --no-fast-path, same mix
   ddslow1      the same with 1 queue
   ddslowt0     ddslow with --threads 0: no handler pool, the queue's
@@ -91,9 +100,16 @@ interleaved round-robin, and reports medians, per-round ranges and ratios:
   ddfast       the same with its fast path (dedup.bpf.o), warm: holes
                from its exact map, the rest from its cache
   ddmslow      examples/dedup, --no-fast-path, over mapped blocks only
-               (every block written, all different)
+               (every block written, all different: kloop's data)
   ddremap      the same with dedup-nocache.bpf.o: every read remapped to
                its chunk in the store, in the kernel (no cache to answer)
+  ddbig        dedup + fast path (dedup.bpf.o), warm, over 128 MiB: 4
+               times its cache
+
+crypt and dedup compare lines that read the same data: every block
+written (encfull / dmcryptf, ddmslow / kloop), then the disk image's mix
+(encslow / dmcrypt over one file, ddslow / kloopm); a row whose lines
+read different data says so.
 
 --only and --skip take line keys and the names of the comparisons the
 report prints (slowpath, fastpath, nbd, nbdex, loop, loopbdev, crypt, dedup,
@@ -117,7 +133,13 @@ scheduler.
 Results: a table on stdout, every round in RESULTS/bench.json with the
 guest's command line and load before and after.  On the host, tools/vm-run
 then runs `bench.py --report` on it: the host's load and other guests go
-into bench.json, the tables into bench.md, the chart into bench.png.
+into bench.json (with its CPUs' busy shares during the run and the
+processes besides the guest that used them most: tools/bench/hostload.py),
+the tables into bench.md, the chart into bench.png.
+
+A target is met when the median of its per-round ratios meets it and so
+do all rounds but at most one (4 of 5), missed when the median and as many
+rounds miss it, and even when the rounds straddle it.
 
 --trace measures nothing: it traces each selected line (tools/reqtrace.py:
 the stages of one request, context switches, wakeups and cross-CPU wakeups

@@ -12,5 +12,7 @@ runs it (main.main) and its docstring is the usage.
   document   bench.json: the run's metadata and every round
   report     the summary, the tables, the targets and the chart (--report)
   tracing    --trace and --profile (tools/reqtrace.py)
+  hostload   the host's CPU load during a run (tools/vm-run runs it as a
+             script, on the host, beside the guest)
   main       the command line and main()
 """

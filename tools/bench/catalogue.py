@@ -10,9 +10,14 @@ SEQ_QD = 8
 
 
 # key -> (label, hybd server setup or None).  The order is the table's.
-#   prog: bpf/<prog>.bpf.o attached; data: region written before measuring;
-#   poll_ns: the server's --poll-ns; fast: reads are expected on the fast
-#   path; queues: the server's --queues (default: the library's, one per
+#   prog: bpf/<prog>.bpf.o attached; data: region written before measuring
+#   (True: every block, all different; "mix": a disk image's mix, a third
+#   never written: devio.fill_*); poll_ns: the server's --poll-ns; fast:
+#   reads are expected on the fast path (setup reads the region twice
+#   before the rounds to check it); warm: that read pass fills a cache or
+#   map the reads are then served from, so the line is measured warm (its
+#   label says so, and so does a comparison with a line that has no
+#   cache); queues: the server's --queues (default: the library's, one per
 #   CPU); server: the example that serves it (default the ramdisk)
 LINES = {
     "nullblk": ("null_blk (memory)", None),
@@ -36,10 +41,12 @@ LINES = {
                     dict(prog="passthrough", data=True, poll_ns=0, fast=False)),
     "poll": ("hybd, poll 50 us",
              dict(prog=None, data=True, poll_ns=50000, fast=False)),
-    "cache": ("hybd + cache (hits)",
-              dict(prog="cache", data=True, poll_ns=0, fast=True)),
-    "zero": ("hybd + zero (hits)",
-             dict(prog="zero", data=False, poll_ns=0, fast=True)),
+    "cache": ("hybd + cache, warm (hits)",
+              dict(prog="cache", data=True, poll_ns=0, fast=True,
+                   warm=True)),
+    "zero": ("hybd + zero, warm (hits)",
+             dict(prog="zero", data=False, poll_ns=0, fast=True,
+                  warm=True)),
     "nbd": ("nbd + nbdkit", None),
     "nbdk": ("kernel nbd client, TCP + 0.5 ms", None),
     "nbdexc": ("hybd-nbd, cold, TCP + 0.5 ms",
@@ -51,7 +58,7 @@ LINES = {
                      flags=["--structured-replies"])),
     "nbdexw": ("hybd-nbd + fast path, warm",
                dict(prog=None, data=False, poll_ns=0, fast=True,
-                    server="nbd", queues=2)),
+                    server="nbd", queues=2, warm=True)),
     "nbdexz": ("hybd-nbd + fast path, zipf over 128 MiB",
                dict(prog=None, data=False, poll_ns=0, fast=False,
                     server="nbd", queues=2, region=128 << 20,
@@ -59,6 +66,9 @@ LINES = {
                     counters=("cache_hits", "zero_hits", "misses"),
                     total="reads")),
     "kloop": ("kernel loop (file)", None),
+    # the same over a file of its own written with the disk image's mix
+    # (dedup's mix lines' data): a third holes, read as zeros
+    "kloopm": ("kernel loop (file), mix", None),
     "uloop": ("ublk loop (file)", None),
     "uloopz": ("ublk loop (file), zero copy", None),
     "hloop1": ("hybd-loop, 1 queue (file)",
@@ -92,6 +102,10 @@ LINES = {
                     server="bloop", ext4=True)),
     "dmcrypt": ("dm-crypt (plain, loop)", None),
     "dmcryptnw": ("dm-crypt, no workqueues", None),
+    # the two over encfull's file (every block written, all different):
+    # the like-for-like peers of encfull
+    "dmcryptf": ("dm-crypt (plain, loop), all written", None),
+    "dmcryptnwf": ("dm-crypt, no workqueues, all written", None),
     "encslow": ("encrypt, no fast path",
                 dict(prog=None, data="mix", poll_ns=0, fast=False,
                      server="encrypt", flags=["--no-fast-path"])),
@@ -102,9 +116,14 @@ LINES = {
     "encfast": ("encrypt + fast path",
                 dict(prog=None, data="mix", poll_ns=0, fast=False,
                      server="encrypt", flags=[])),
-    "enccache": ("encrypt + cache",
+    "enccache": ("encrypt + cache, warm",
                  dict(prog=None, data="mix", poll_ns=0, fast=True,
-                      server="encrypt", flags=["--cache"])),
+                      server="encrypt", flags=["--cache"], warm=True)),
+    # encslow over fully written data (every block, all different): every
+    # read decrypted, as dm-crypt's are (encslow skips a third, its holes)
+    "encfull": ("encrypt, no fast path, all written",
+                dict(prog=None, data=True, poll_ns=0, fast=False,
+                     server="encrypt", flags=["--no-fast-path"])),
     "ddslow": ("dedup, no fast path",
                dict(prog=None, data="mix", poll_ns=0, fast=False,
                     server="dedup")),
@@ -117,9 +136,9 @@ LINES = {
     "ddslow1t0": ("dedup, no fast path, 1 queue, no pool",
                   dict(prog=None, data="mix", poll_ns=0, fast=False,
                        server="dedup", queues=1, flags=["--threads", "0"])),
-    "ddfast": ("dedup + fast path",
+    "ddfast": ("dedup + fast path, warm",
                dict(prog=None, data="mix", poll_ns=0, fast=True,
-                    server="dedup")),
+                    server="dedup", warm=True)),
     "ddmslow": ("dedup mapped, slow",
                 dict(prog=None, data=True, poll_ns=0, fast=False,
                      server="dedup")),
@@ -129,12 +148,57 @@ LINES = {
     # reads over 4 times what dedup's cache holds (32 MiB): what is not
     # cached is remapped to the store; its program's counters give the
     # hit rates
-    "ddbig": ("dedup + fast path, 128 MiB working set",
+    "ddbig": ("dedup + fast path, warm, 128 MiB working set",
               dict(prog=None, data=True, poll_ns=0, fast=True,
-                   server="dedup", region=128 << 20,
+                   server="dedup", region=128 << 20, warm=True,
                    counters=("cache_hits", "remap_hits", "zero_hits",
                              "read_misses"), total="reads")),
 }
+# What the peers' measured regions hold, as the hybd lines' "data" says it
+# (True: every block written, all different; "mix": the disk image's mix;
+# False: nothing to read, or never written)
+PEER_DATA = {"nullblk": True, "unull1": False, "unull": False,
+             "unull1z": False, "nbd": True, "nbdk": True, "kloop": True,
+             "kloopm": "mix", "uloop": True, "uloopz": True,
+             "dmlinear": True, "kloopx": True, "dmcrypt": "mix",
+             "dmcryptnw": "mix", "dmcryptf": True, "dmcryptnwf": True}
+
+
+def line_data(key):
+    """What a line's measured region holds (True, "mix", False), or None
+    for a line this catalogue does not know."""
+    if key not in LINES:
+        return None
+    spec = LINES[key][1]
+    return spec["data"] if spec else PEER_DATA.get(key)
+
+
+def is_warm(key):
+    """Whether a line's cache is warmed before its rounds (its "warm")."""
+    spec = LINES.get(key, (None, None))[1]
+    return bool(spec and spec.get("warm"))
+
+
+def label_of(key, label):
+    """A line's label as the report prints it: the one bench.json recorded
+    (unull's says its queues), with "warm" added where the catalogue says
+    the line is measured warm and a run from before this rule did not."""
+    if is_warm(key) and "warm" not in label:
+        return LINES[key][0] if "warm" in LINES[key][0] else label + ", warm"
+    return label
+
+
+def pair_notes(key, ref):
+    """What a comparison's row must say of its pair: a warm cache against
+    a line without one, lines reading different data."""
+    notes = []
+    if is_warm(key) and not is_warm(ref):
+        notes.append("warm cache vs none")
+    names = {True: "all written", "mix": "mix"}
+    data = line_data(key), line_data(ref)
+    if data[0] != data[1] and all(d in names for d in data):
+        notes.append(" vs ".join(names[d] for d in data))
+    return notes
 # The large-I/O modes: sequential, O_DIRECT, fio's --rw, block size and
 # depth; "seq" (128 KiB reads at QD8, SEQ_LINES) is older than the rest,
 # which only LARGE_LINES are measured in.  Writes go to the region after
@@ -168,7 +232,8 @@ SEQ_LINES = ("nullblk", "unull1", "unull", "unull1z", "hnull1", "hnull",
              "kloopx",
              "bloopx", "dmcrypt",
              "dmcryptnw", "encslow", "encslow1", "encfast",
-             "enccache", "ddslow", "ddslow1", "ddmslow", "ddremap")
+             "enccache", "ddslow", "ddslow1", "ddmslow", "ddremap",
+             "kloopm", "dmcryptf", "dmcryptnwf", "encfull")
 # the lines measured in "par" (2 submitters: 2 fio jobs at QD16) too
 PAR_LINES = ("nullblk", "unull1", "unull", "unull1z", "hnull1", "hnull",
              "hnullq", "noprog1", "noprog", "kloop", "uloop", "uloopz",
@@ -177,7 +242,8 @@ PAR_LINES = ("nullblk", "unull1", "unull", "unull1z", "hnull1", "hnull",
              "kloopx",
              "bloopx", "dmcrypt",
              "dmcryptnw", "encslow", "encslow1", "ddslow",
-             "ddslow1", "ddremap")
+             "ddslow1", "ddremap", "kloopm", "dmcryptf", "dmcryptnwf",
+             "encfull")
 # the lines measured in "qd1w" (4 KiB random writes, QD1) too
 WRITE_LINES = ("kloop", "uloop", "uloopz", "hloop1", "hloop", "bloop",
                "bloop1",
@@ -212,14 +278,20 @@ COMPARISONS = (
     ("loopext4", "the BPF loop against the kernel loop on a file on ext4 "
      "(a file system that honours IOCB_NOWAIT)",
      [("bloopx", "kloopx"), ("kloopx", "kloop")]),
+    # each pair on the same data: first every block written (encfull,
+    # ddmslow, ddremap against peers over the same kind of data), then the
+    # disk image's mix (encslow and dmcrypt over one file; dedup's mix
+    # lines against kloopm)
     ("crypt", "encrypt against dm-crypt (same cipher and key)",
-     [("encslow", "dmcrypt"), ("encslow", "dmcryptnw"),
+     [("encfull", "dmcryptf"), ("encfull", "dmcryptnwf"),
+      ("encslow", "dmcrypt"), ("encslow", "dmcryptnw"),
       ("encslow1", "dmcrypt"), ("dmcryptnw", "dmcrypt"),
       ("encfast", "dmcrypt"), ("enccache", "dmcrypt")]),
     ("dedup", "dedup against the kernel loop",
      [("ddslow", "kloop"), ("ddslow1", "kloop"), ("ddslowt0", "kloop"),
       ("ddslow1t0", "kloop"), ("ddfast", "kloop"),
-      ("ddmslow", "kloop"),
+      ("ddmslow", "kloop"), ("ddslow", "kloopm"), ("ddslow1", "kloopm"),
+      ("ddfast", "kloopm"), ("kloopm", "kloop"),
       ("ddremap", "kloop"), ("ddremap", "ddmslow"), ("ddbig", "kloop"),
       ("ddbig", "ddremap")]),
     # ublk at its best: what zero copy gives ublk itself, then hybd's slow
@@ -236,8 +308,13 @@ COMPARISONS = (
 GROUPS = {name: list(dict.fromkeys(k for pair in pairs for k in pair))
           for name, _, pairs in COMPARISONS}
 
-# (what, line, reference, metric, limit): line/reference of the metric's
-# median must be <= limit (metric qd1_iops: >= limit)
+# (what, line, reference, metric, limit): line/reference of the metric,
+# each round against the same round of the reference, must be <= limit
+# (a metric where higher is better: >= limit).  A target is met when the
+# median of the per-round ratios meets it and so do all the rounds but at
+# most one (with 5 or more rounds; every round with fewer): 4 of 5;
+# missed when the median and as many rounds miss it; even otherwise (the
+# rounds straddle the limit).  report.evaluate_targets judges.
 TARGETS = (
     ("fast-path hit QD1 mean within 1.25x of null_blk",
      "cache", "nullblk", "mean_us", 1.25),

@@ -190,8 +190,11 @@ def setup_hybd(line, ctx):
         if not os.access(ENCRYPT, os.X_OK):
             raise BenchError(f"{ENCRYPT} is not built (make examples)")
         backing = backing_file(ctx, f"{line.key}.img")
+        # the files dm-crypt's lines read (peers.setup_dmcrypt)
         if line.key == "encslow":
             ctx.enc_backing = backing
+        elif line.key == "encfull":
+            ctx.enc_full_backing = backing
         server = Ramdisk(["--key-file", bench_key(ctx), *spec["flags"],
                           *queue_args(spec), backing], exe=ENCRYPT)
     elif spec.get("server") == "nbd":

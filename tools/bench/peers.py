@@ -188,9 +188,14 @@ def setup_nbdk(line, ctx):
 
 
 def setup_kloop(line, ctx):
+    """kloop (the file the other loop lines share), kloopx (on ext4) and
+    kloopm (a file of its own with the disk image's mix, as dedup's mix
+    lines read)."""
     ensure_loop(ctx)
     if line.key == "kloopx":
         path = ext4_file(ctx)
+    elif line.key == "kloopm":
+        path = backing_file(ctx, "kloopm.img")
     else:
         path = backing_file(ctx, "kloop.img")
         ctx.kloop_backing = path
@@ -198,15 +203,23 @@ def setup_kloop(line, ctx):
                path]).stdout.strip()
     ctx.cleanup.push(f"losetup -d {dev}", run, ["losetup", "-d", dev])
     dio = Path(f"/sys/block/{os.path.basename(dev)}/loop/dio")
-    fill_region(dev, ctx.args.region)
+    mix = line.key == "kloopm"
+    (fill_mix if mix else fill_region)(dev, ctx.args.region)
     line.dev = dev
-    line.info = {"backing": path, "dio": read_text(str(dio)).strip()}
+    line.info = {"backing": path, "dio": read_text(str(dio)).strip(),
+                 "data": "mix" if mix else "all written"}
 
 
 def setup_dmcrypt(line, ctx, name=DM_NAME, perf=()):
+    """dm-crypt over a loop device over the file of the encrypt line with
+    the same data: encslow's (the disk image's mix: dmcrypt, dmcryptnw)
+    or encfull's (every block written: dmcryptf, dmcryptnwf); over a file
+    of its own, written the same way through dm-crypt, without it."""
     if not shutil.which("cryptsetup"):
         raise BenchError("cryptsetup is not installed (make guest-deps)")
-    backing = ctx.enc_backing
+    full = line.key in ("dmcryptf", "dmcryptnwf")
+    name += "f" if full else ""
+    backing = ctx.enc_full_backing if full else ctx.enc_backing
     fill = backing is None
     if fill:
         backing = backing_file(ctx, f"{line.key}.img")
@@ -223,10 +236,14 @@ def setup_dmcrypt(line, ctx, name=DM_NAME, perf=()):
                      ["cryptsetup", "close", name])
     dev = os.path.realpath(f"/dev/mapper/{name}")
     if fill:
-        fill_mix(dev, ctx.args.region)
+        (fill_region if full else fill_mix)(dev, ctx.args.region)
     line.dev = dev
     line.info = {"setup": " ".join(cmd), "backing": backing, "loop": loop,
-                 "shared_with_encslow": not fill}
+                 "data": "all written" if full else "mix",
+                 "shared_with": (None if fill else
+                                 "encfull" if full else "encslow")}
+    if not full:
+        line.info["shared_with_encslow"] = not fill
 
 
 def setup_dmcryptnw(line, ctx):
@@ -370,10 +387,11 @@ def setup_uloop(line, ctx):
     line.info["backing"] = path
 
 
-SETUP_FIRST = ("kloop", "encslow")
+SETUP_FIRST = ("kloop", "encslow", "encfull")
 SETUP = {"nullblk": setup_nullblk, "nbd": setup_nbd, "kloop": setup_kloop,
-         "kloopx": setup_kloop,
+         "kloopx": setup_kloop, "kloopm": setup_kloop,
          "dmcrypt": setup_dmcrypt, "dmcryptnw": setup_dmcryptnw,
+         "dmcryptf": setup_dmcrypt, "dmcryptnwf": setup_dmcryptnw,
          "dmlinear": setup_dmlinear,
          "unull1": setup_unull1, "unull1z": setup_unull1,
          "unull": setup_unull, "uloop": setup_uloop, "uloopz": setup_uloop,

@@ -159,6 +159,7 @@ class Context:
         self.tmp = tmp
         self.cleanup = Cleanup()
         self.enc_backing = None     # the encslow line's, for dmcrypt
+        self.enc_full_backing = None  # encfull's, for dmcryptf
         self.kloop_backing = None   # the kloop line's, for bloop, uloop
         self.ext4_file = None       # kloopx's and bloopx's (ext4_file)
         self.rublk = None           # rublk's version and features
