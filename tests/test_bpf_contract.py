@@ -143,6 +143,9 @@ def bpfctl_load(path):
     return run([BPFCTL, "load", path], timeout=2 * T_ATTACH)
 
 
+# every object loaded in turn, each bounded by T_ATTACH: more than the
+# default 600 s under KASAN and TCG (some 2M instructions verified)
+@pytest.mark.time_limit(10 * T_ATTACH)
 def test_every_shipped_program_passes_this_kernels_verifier():
     """The sample programs and the example drivers' load here: a newer
     verifier may refuse what an older one took (7.3's gave up on dedup's
