@@ -274,6 +274,17 @@ def dev_sizes(srv):
             if line.startswith("dev_size ")]
 
 
+def shrink_accepted(srv, size):
+    """hybdctl resize of srv (badserver resize-hold) to size, started and
+    accepted by the server, which now holds its requests: the Popen."""
+    ctl = subprocess.Popen([HYBDCTL, "resize", srv.dev, str(size)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    wait_for(lambda: any(line.startswith("accepted ") for line in srv.out),
+             T_IO, "the server's answer")
+    return ctl
+
+
 def test_shrink_interrupted_after_the_answer_changes_nothing(badserver):
     """The server accepts a shrink, then holds a request beyond the new end
     for 3 s, so that the kernel's drain waits; the resize is interrupted
@@ -297,11 +308,7 @@ def test_shrink_interrupted_after_the_answer_changes_nothing(badserver):
     t = threading.Thread(target=reader)
     t.start()
     try:
-        ctl = subprocess.Popen([HYBDCTL, "resize", srv.dev, str(8 * MiB)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
-        wait_for(lambda: any(line.startswith("accepted ") for line in srv.out),
-                 T_IO, "the server's answer")
+        ctl = shrink_accepted(srv, 8 * MiB)
         time.sleep(0.5)          # the drain waits for the held read
         ctl.send_signal(signal.SIGINT)
         start = time.monotonic()
@@ -341,11 +348,7 @@ def test_shrink_is_not_committed_for_a_server_that_did_not_consent(
     t = threading.Thread(target=reader)
     t.start()
     try:
-        ctl = subprocess.Popen([HYBDCTL, "resize", srv.dev, str(8 * MiB)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
-        wait_for(lambda: any(line.startswith("accepted ") for line in srv.out),
-                 T_IO, "the server's answer")
+        ctl = shrink_accepted(srv, 8 * MiB)
         srv.kill()
         wait_for(lambda: info(srv.dev)["state"] == "waiting", T_CMD,
                  "the device waiting for a server")

@@ -299,21 +299,7 @@ def test_backing_target_must_be_the_servers_own(servers, open_control,
     with open(theirs, "wb") as f:
         f.truncate(16 * MiB)
     os.chmod(theirs, 0o600)
-    fd = os.open(theirs, os.O_RDWR)
-    try:
-        if fd != 3:
-            os.dup2(fd, 3)
-        srv = servers.start(as_user(USER, [BADSERVER, "backing-fd3"]),
-                            pass_fds=(3,))
-        wait_for(lambda: any(l.startswith("backing ") for l in srv.out), 30,
-                 "the backing answer")
-        line = [l for l in srv.out if l.startswith("backing ")][0]
-        assert int(line.split()[1]) == errno.EACCES, line
-        srv.stop()
-    finally:
-        os.close(fd)
-        if fd != 3:
-            os.close(3)
+    assert backing_answer_as_user(servers, theirs) == errno.EACCES
 
 
 def test_unprivileged_targets_are_on_local_storage(servers, open_control):
@@ -333,8 +319,17 @@ def test_unprivileged_targets_are_on_local_storage(servers, open_control):
     with open(remote, "wb") as f:
         f.truncate(16 * MiB)
     os.chown(remote, USER, USER)
-    fd = os.open(remote, os.O_RDWR)
-    # the child gets it as descriptor 3, which may be ours (/dev/kmsg's)
+    try:
+        assert backing_answer_as_user(servers, remote) == errno.EPERM, fstype
+    finally:
+        remote.unlink()
+
+
+def backing_answer_as_user(servers, path):
+    """tests/helpers/badserver backing-fd3 run as USER with path opened
+    (by root) as its descriptor 3: the errno of its registration, 0 if
+    taken.  Our own descriptor 3 (maybe /dev/kmsg's) is put back."""
+    fd = os.open(path, os.O_RDWR)
     try:
         saved = os.dup(3)
     except OSError:
@@ -346,8 +341,8 @@ def test_unprivileged_targets_are_on_local_storage(servers, open_control):
         wait_for(lambda: any(l.startswith("backing ") for l in srv.out), 30,
                  "the backing answer")
         line = [l for l in srv.out if l.startswith("backing ")][0]
-        assert int(line.split()[1]) == errno.EPERM, (fstype, line)
         srv.stop()
+        return int(line.split()[1])
     finally:
         os.close(fd)
         if saved is None:
@@ -355,7 +350,6 @@ def test_unprivileged_targets_are_on_local_storage(servers, open_control):
         else:
             os.dup2(saved, 3)
             os.close(saved)
-        remote.unlink()
 
 
 def mount_type(path):
