@@ -423,6 +423,7 @@ static void hybd_dev_start_work(struct work_struct *work)
 			put_disk(disk);
 			goto out;
 		}
+		hybd_front_added(dev, disk);
 	}
 	/*
 	 * A delete waits for this work before it looks at dev->disk; a
@@ -784,6 +785,7 @@ static void hybd_dev_del_work(struct work_struct *work)
 		dev->disk = NULL;
 		dev->front = NULL;
 		spin_unlock(&dev->state_lock);
+		/* a front keeps @disk until its own last reference goes */
 		put_disk(disk);
 		if (front)
 			put_disk(front);

@@ -29,6 +29,8 @@
 #include "hybd.h"
 
 static struct bio_set hybd_front_bs;
+/* fronts added and not yet freed: module exit waits for their ->free_disk */
+static atomic_t hybd_fronts = ATOMIC_INIT(0);
 
 /* Go on to the blk-mq disk behind the front, as the bio is. */
 static void hybd_front_pass(struct hybd_dev *dev, struct bio *bio)
@@ -234,10 +236,25 @@ static void hybd_front_submit_bio(struct bio *bio)
 	hybd_front_pass(dev, bio);
 }
 
-/* Nothing to open or release: the device lives until its delete. */
+/*
+ * The last reference to the front is gone: no submitter can still hold a
+ * bio the front passed, so the disk behind it may go, and the device with
+ * it.  Nothing to open or release: the device lives until its delete.
+ */
+static void hybd_front_free_disk(struct gendisk *disk)
+{
+	struct hybd_dev *dev = disk->private_data;
+
+	put_disk(dev->behind);
+	hybd_dev_put(dev);
+	if (atomic_dec_and_test(&hybd_fronts))
+		wake_up_var(&hybd_fronts);
+}
+
 static const struct block_device_operations hybd_front_fops = {
 	.owner		= THIS_MODULE,
 	.submit_bio	= hybd_front_submit_bio,
+	.free_disk	= hybd_front_free_disk,
 };
 
 /**
@@ -278,6 +295,25 @@ struct gendisk *hybd_front_alloc(struct hybd_dev *dev,
 }
 
 /**
+ * hybd_front_added() - the front of @dev is added, in front of @disk
+ * @dev: the device
+ * @disk: the blk-mq disk behind the front, added
+ *
+ * A bio the front passes joins its submitter's bio_list and reaches @disk
+ * only after ->submit_bio returned and the front's queue was let go of, so
+ * a delete may meanwhile reach its put_disk(@disk).  The submitter still
+ * holds the front open, though: the front keeps @disk (and @dev, where it
+ * finds it) until its ->free_disk, which only an added disk gets.
+ */
+void hybd_front_added(struct hybd_dev *dev, struct gendisk *disk)
+{
+	get_device(disk_to_dev(disk));
+	dev->behind = disk;
+	kref_get(&dev->ref);
+	atomic_inc(&hybd_fronts);
+}
+
+/**
  * hybd_front_drop() - let go of what a front remap took
  * @dev: the device
  * @f: the remap; remap_srcu stays held, the caller's to release
@@ -297,5 +333,11 @@ int hybd_front_init(void)
 
 void hybd_front_exit(void)
 {
+	/*
+	 * A front held open after its delete is freed when the holder lets
+	 * go: module_put() comes just before that, so rmmod may get here
+	 * first.  ->free_disk still runs module code.
+	 */
+	wait_var_event(&hybd_fronts, !atomic_read(&hybd_fronts));
 	bioset_exit(&hybd_front_bs);
 }

@@ -5,11 +5,13 @@ goes on to the blk-mq disk behind it (hybdNq), where submit() and the
 server see it as on any device."""
 import contextlib
 import errno
+import mmap
 import os
 import subprocess
 import threading
 import time
 from pathlib import Path
+
 
 from hybdbpf import (delta, detach_ok, disk_completed_ios, fastpath,  # noqa: F401
                      prog, settle, stats, suite_prog, unpin)
@@ -219,6 +221,57 @@ def test_front_delete_under_io(servers, fastpath, tmp_path):
         srv2 = start_loop(servers, target, "--front")
         assert direct_read(srv2.dev, 0, BLOCK) is not None
         srv2.stop()
+
+
+def hybd_rescuers():
+    """How many workqueue rescuers hybd's devices have (four each, named
+    kworker/R-hybdN_...): they go when the device's memory is freed."""
+    n = 0
+    for comm in Path("/proc").glob("[0-9]*/comm"):
+        try:
+            n += comm.read_text().startswith("kworker/R-hybd")
+        except OSError:
+            pass
+    return n
+
+
+def test_a_deleted_front_held_open_keeps_the_disk_behind_it(ramdisk):
+    """A bio the front passes waits on its submitter's bio_list for the
+    disk behind the front after the front's queue was let go of: whoever
+    holds the front open keeps that disk, and the device, until they let
+    go, as a delete must not free them under such a bio.  The window
+    itself (between ->submit_bio's return and the list's turn) cannot be
+    hit from user space; what can be seen is the lifetime: the device's
+    rescuer threads outlive the delete exactly as long as the front is
+    held, I/O on the held node reads nothing, the kernel stays clean."""
+    before = hybd_rescuers()
+    srv = ramdisk(size="16M", front=True)
+    front_of(srv.dev)
+    assert hybd_rescuers() == before + 4
+    data = pattern("held-front", 64 << 10)
+    buf = mmap.mmap(-1, len(data))      # page-aligned, for O_DIRECT
+    fd = os.open(srv.dev, os.O_RDWR | os.O_DIRECT)
+    try:
+        direct_write(srv.dev, 0, data)
+        assert os.preadv(fd, [buf], 0) == len(data)
+        assert buf[:] == data, "read through the held node"
+        rc, _, err = hybdctl("del", "--in-use", srv.dev)
+        assert rc == 0, err
+        srv.wait()
+        assert not Path(f"/sys/block/hybd{srv.id}q").exists()
+        # the disk is gone: its size is 0 (nothing to read), or the read
+        # fails
+        try:
+            assert os.preadv(fd, [buf], 0) == 0, "read a deleted disk"
+        except OSError as e:
+            assert e.errno in (errno.EIO, errno.ENXIO, errno.ENODEV), e
+        assert hybd_rescuers() == before + 4, \
+            "the device was freed while its front was held open"
+    finally:
+        os.close(fd)
+        buf.close()
+    wait_for(lambda: hybd_rescuers() == before, T_CMD,
+             "the device freed once the front was let go of")
 
 
 def disk_size(name):
