@@ -21,7 +21,8 @@
 #                   (KASAN, lockdep, KFENCE, UBSAN, kmemleak...) built once by
 #                   tools/debug-kernel and cached in /var/cache/hybd (HYBD_CACHE);
 #                   the first run builds it: about an hour on 2 cores;
-#                   KVER=7.3 builds Debian's linux-source-7.3 instead
+#                   KVER=7.3 builds Debian's linux-source-7.3 instead;
+#                   HALF=1 or HALF=2 runs one half (about 2 h each)
 #   make bench      guest-deps + bench-deps + build, then hybd against
 #                   null_blk, ublk, loop, dm-crypt and nbd in one clean
 #                   guest (BENCH_ARGS="--only loop" selects lines); refuses
@@ -166,7 +167,7 @@ test-long: guest-deps
 # (results/debug-kmod), so kmod/hybd.ko stays the regular one.
 test-debug: guest-deps
 	$(Q)$(MAKE) lib tools examples bpf
-	$(Q)KVER=$(KVER) ./tools/debug-kernel test $(PYTEST_ARGS)
+	$(Q)KVER=$(KVER) HYBD_DEBUG_HALF=$(HALF) ./tools/debug-kernel test $(PYTEST_ARGS)
 
 # bench-deps may fail (no Rust toolchain): the ublk lines then say why
 # they were not measured, the rest is measured all the same (and make bench
