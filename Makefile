@@ -78,12 +78,17 @@ HYBD_VERSION := $(shell cat VERSION)
 # where DKMS takes a module's sources from (DESTDIR: a package's staging)
 DKMS_SRC = $(DESTDIR)/usr/src/hybd-$(HYBD_VERSION)
 
-.PHONY: all deps guest-deps bench-deps kmod lib tools examples bpf test test-long test-debug bench \
+.PHONY: all deps guest-deps bench-deps kmod lib tools examples bpf rust test test-long test-debug bench \
 	test-kernels \
 	demo clean check unit help install uninstall dkms-src dkms-install \
 	dkms-uninstall
 
-all: kmod lib tools examples bpf
+all: kmod lib tools examples bpf rust
+
+# the Rust workspace (rust/: hybd-sys, hybd; examples/zram-rs), built with
+# tools/cargo.sh into $(HYBD_CACHE)/cargo, outside the tree
+rust: lib
+	$(Q)./tools/cargo.sh build --release --workspace --bins --examples $(if $(Q),--quiet)
 
 # what building and running need; guest-deps adds the test guest's tooling
 deps:
@@ -122,6 +127,7 @@ examples: lib
 	$(Q)$(MAKE) -C examples/dedup
 	$(Q)$(MAKE) -C examples/encrypt
 	$(Q)$(MAKE) -C examples/nbd
+	$(Q)$(MAKE) -C examples/zram-rs
 	$(Q)$(MAKE) -C tests/helpers
 	$(Q)$(MAKE) -C tests/abi
 
@@ -131,7 +137,11 @@ bpf:
 
 # The unit tests of pure user-space code run on the host; everything that
 # needs the module runs in one guest boot (tools/vm-run).
-unit: lib bpf examples
+unit: lib bpf examples rust
+	$(Q)./tools/cargo.sh test --workspace --release $(if $(Q),--quiet)
+	$(Q)if ./tools/cargo.sh clippy --version >/dev/null 2>&1; then \
+		./tools/cargo.sh clippy --workspace --all-targets --release $(if $(Q),--quiet) -- -D warnings; \
+	else echo "unit: no clippy with this cargo (Debian's cargo-web has none; rustup's has): not run"; fi
 	$(Q)$(MAKE) -C man check check-examples
 	$(Q)$(MAKE) -C tests/unit run
 	$(Q)$(MAKE) -C examples/dedup test-store
@@ -248,6 +258,7 @@ clean:
 	$(Q)$(MAKE) -C examples/loop clean
 	$(Q)$(MAKE) -C examples/dedup clean
 	$(Q)$(MAKE) -C examples/encrypt clean
+	$(Q)$(MAKE) -C examples/zram-rs clean
 	$(Q)$(MAKE) -C examples/nbd clean
 	$(Q)$(MAKE) -C tests/helpers clean
 	$(Q)$(MAKE) -C tests/abi clean

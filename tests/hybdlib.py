@@ -29,6 +29,14 @@ from hybd_uapi import STATS_FIELDS  # noqa: F401 (re-exported)
 REPO = Path(__file__).resolve().parent.parent
 HYBDCTL = REPO / "tools" / "hybdctl" / "hybdctl"
 RAMDISK = REPO / "examples" / "ramdisk" / "ramdisk"
+# the Rust workspace's binaries (tools/cargo.sh --target-dir: outside the
+# tree, in HYBD_CACHE)
+CARGO_RELEASE = Path(os.environ.get(
+    "HYBD_CARGO_TARGET",
+    os.path.join(os.environ.get("HYBD_CACHE", "/var/cache/hybd"),
+                 "cargo", "target"))) / "release"
+ZRAM_RS = CARGO_RELEASE / "zram-rs"
+RUST_RAMDISK = CARGO_RELEASE / "examples" / "ramdisk"
 BADSERVER = REPO / "tests" / "helpers" / "badserver"
 DEDUP = REPO / "examples" / "dedup" / "dedup"
 LOOP = REPO / "examples" / "loop" / "hybd-loop"

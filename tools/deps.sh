@@ -3,7 +3,9 @@
 #
 #   tools/deps.sh            what building and running hybd need on this
 #                            host (`make deps`): compiler, kernel headers,
-#                            clang, libbpf >= 1.4, bpftool, pahole, pkg-config
+#                            clang, libbpf >= 1.4, bpftool, pahole, pkg-config,
+#                            Rust >= 1.74 (Debian's cargo-web unless a
+#                            toolchain is there)
 #   tools/deps.sh --guest    that, plus what the test guest needs (`make
 #                            guest-deps`, run by make test, bench, demo): the
 #                            Debian 6.12 kernel image and headers, qemu,
@@ -65,6 +67,16 @@ deps: libbpf-dev $1 is too old: hybd needs libbpf >= $LIBBPF_MIN (loading a
 EOF
 }
 
+RUST_MIN=1.74
+rust_ok() {
+	for c in "$(command -v cargo || true)" "${HOME:-/root}/.cargo/bin/cargo" /usr/bin/cargo; do
+		[ -n "$c" ] && [ -x "$c" ] || continue
+		v=$("$c" --version 2>/dev/null | awk '{print $2}')
+		[ -n "$v" ] && dpkg --compare-versions "$v" ge "$RUST_MIN" && return 0
+	done
+	return 1
+}
+
 installed() {
 	dpkg-query -W -f='${Status}\n' "$1" 2>/dev/null | grep -q '^install ok installed'
 }
@@ -100,6 +112,11 @@ if ! command -v dpkg-query >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>
 fi
 
 PKGS="$BUILD_PKGS $(host_headers)"
+# Rust >= RUST_MIN for the crates under rust/ and examples/zram-rs (bindgen
+# uses clang-14's libclang): a toolchain already there (rustup's too), else
+# Debian's rustc-web and cargo-web, which bookworm keeps current for
+# Firefox (bookworm's own rustc, 1.63, is too old)
+rust_ok || PKGS="$PKGS rustc-web cargo-web"
 [ $GUEST -eq 0 ] || PKGS="$PKGS $GUEST_PKGS"
 # each once (the host's headers may be the guest's)
 PKGS=$(printf '%s\n' $PKGS | awk '!seen[$0]++' | tr '\n' ' ')

@@ -1,0 +1,2 @@
+/* What hybd-sys binds: libhybd's public API and the uapi it includes. */
+#include <hybd.h>
