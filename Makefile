@@ -32,6 +32,7 @@
 #                   with cargo into /var/cache/hybd (HYBD_CACHE)
 #   make demo       guest-deps + build, then the ramdisk/fast-path demo in a guest
 #   make install    libhybd, its headers and pkg-config files (hybd.pc),
+#                   zram-rs and its zram.bpf.o,
 #                   hybd.bpf.h and the sample programs, hybdctl, the man
 #                   pages, the licences (DESTDIR, PREFIX=/usr/local,
 #                   LIBDIR...: mk/dirs.mk)
@@ -199,12 +200,14 @@ install: tools
 	$(Q)$(MAKE) -C tools install
 	$(Q)$(MAKE) -C bpf install
 	$(Q)$(MAKE) -C man install
+	$(Q)$(MAKE) -C examples/zram-rs install
 	$(INSTALL) -d $(DESTDIR)$(DOCDIR)/LICENSES
 	$(INSTALL) -m 644 $(wildcard LICENSES/*) $(DESTDIR)$(DOCDIR)/LICENSES/
 
 uninstall:
 	$(Q)$(MAKE) -C libhybd uninstall
 	$(Q)$(MAKE) -C tools uninstall
+	$(Q)$(MAKE) -C examples/zram-rs uninstall
 	$(Q)$(MAKE) -C bpf uninstall
 	$(Q)$(MAKE) -C man uninstall
 	rm -f $(addprefix $(DESTDIR)$(DOCDIR)/,$(wildcard LICENSES/*))

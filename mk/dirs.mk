@@ -10,6 +10,7 @@ PREFIX ?= /usr/local
 EXEC_PREFIX ?= $(PREFIX)
 # hybdctl is an administrator's command (section 8), like bpftool
 SBINDIR ?= $(EXEC_PREFIX)/sbin
+BINDIR ?= $(EXEC_PREFIX)/bin
 LIBDIR ?= $(EXEC_PREFIX)/lib
 INCLUDEDIR ?= $(PREFIX)/include
 DATADIR ?= $(PREFIX)/share

@@ -37,6 +37,8 @@ INSTALLED = {
     "usr/include/hybd/hybd_versions.bpf.h",
     "usr/include/hybd/hybd_cache.bpf.h",
     "usr/sbin/hybdctl",
+    "usr/bin/zram-rs",
+    "usr/share/hybd/bpf/zram.bpf.o",
     "usr/share/bash-completion/completions/hybdctl",
     "usr/share/man/man8/hybdctl.8",
     "usr/share/man/man3/libhybd.3",
@@ -195,7 +197,8 @@ def test_uninstall_removes_every_installed_file(tmp_path):
     left = files_in(dest)
     assert not left, f"left after make uninstall: {sorted(left)}"
     # and hybd's own directories with them
-    for d in ("usr/include/hybd", "usr/share/hybd", "usr/share/doc/hybd"):
+    for d in ("usr/include/hybd", "usr/share/hybd", "usr/share/doc/hybd",
+              "usr/bin"):
         assert not (dest / d).exists(), d
 
 

@@ -16,7 +16,9 @@
 set -eu
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 CACHE=${HYBD_CACHE:-/var/cache/hybd}
-if mkdir -p "$CACHE/cargo" 2>/dev/null && [ -w "$CACHE/cargo" ]; then
+# an existing one is used as it is (the test guest sees it read-only)
+if [ -d "$CACHE/cargo/target" ] ||
+   { mkdir -p "$CACHE/cargo" 2>/dev/null && [ -w "$CACHE/cargo" ]; }; then
 	target=$CACHE/cargo/target
 else
 	target=$REPO/rust/target

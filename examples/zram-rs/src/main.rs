@@ -207,8 +207,28 @@ fn write_stats(store: &Store, path: &PathBuf) {
     }
 }
 
+/// Swap on this device must not wait for itself: its memory stays in RAM
+/// (it would otherwise be swapped out to itself), and its threads, which
+/// inherit the flag, allocate as an I/O flusher does (no reclaim through
+/// I/O, PR_SET_IO_FLUSHER).  Both need privileges; without them swap on
+/// the device may deadlock under memory pressure, which is said.
+fn keep_off_swap() {
+    // SAFETY: plain system calls without pointers.
+    let locked = unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE) } == 0;
+    const PR_SET_IO_FLUSHER: libc::c_int = 57;
+    // SAFETY: as above.
+    let flusher = unsafe { libc::prctl(PR_SET_IO_FLUSHER, 1, 0, 0, 0) } == 0;
+    if !locked || !flusher {
+        eprintln!(
+            "zram-rs: {}: do not use this device as swap (it could wait for itself)",
+            if locked { "not an I/O flusher (PR_SET_IO_FLUSHER needs CAP_SYS_RESOURCE)" } else { "memory not locked (mlockall)" }
+        );
+    }
+}
+
 fn main() {
     let a = parse_args();
+    keep_off_swap();
     let mut b = Builder::new(a.size)
         .logical_block_size(BLOCK as u32)
         .write_cache(false)
