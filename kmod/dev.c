@@ -772,6 +772,7 @@ static void hybd_dev_del_work(struct work_struct *work)
 	if (front) {
 		del_gendisk(front);
 		synchronize_srcu(&dev->remap_srcu);
+		hybd_front_deleted(front, disk);
 	}
 	if (disk)
 		del_gendisk(disk);

@@ -237,16 +237,17 @@ static void hybd_front_submit_bio(struct bio *bio)
 }
 
 /*
- * The last reference to the front is gone: no submitter can still hold a
- * bio the front passed, so the disk behind it may go, and the device with
- * it.  Nothing to open or release: the device lives until its delete.
+ * The last reference to the front is gone: no bio it passed can still be
+ * on its way, so the disk behind it may go.  Only a deleted front is
+ * freed, and its private data is that disk by then (hybd_front_deleted()).
+ * Nothing to open or release: the device itself goes with its delete.
+ * The module may be freed once the count is seen at zero, while this
+ * returns: the window every driver's ->free_disk has, module_put() having
+ * come first in bdev_release().
  */
-static void hybd_front_free_disk(struct gendisk *disk)
+static void hybd_front_free_disk(struct gendisk *front)
 {
-	struct hybd_dev *dev = disk->private_data;
-
-	put_disk(dev->behind);
-	hybd_dev_put(dev);
+	put_disk(front->private_data);
 	if (atomic_dec_and_test(&hybd_fronts))
 		wake_up_var(&hybd_fronts);
 }
@@ -266,7 +267,8 @@ static const struct block_device_operations hybd_front_fops = {
  */
 bool hybd_front_is(struct hybd_dev *dev, struct gendisk *disk)
 {
-	return disk->fops == &hybd_front_fops && disk->private_data == dev;
+	return disk->fops == &hybd_front_fops &&
+	       READ_ONCE(disk->private_data) == dev;
 }
 
 /**
@@ -301,16 +303,32 @@ struct gendisk *hybd_front_alloc(struct hybd_dev *dev,
  *
  * A bio the front passes joins its submitter's bio_list and reaches @disk
  * only after ->submit_bio returned and the front's queue was let go of, so
- * a delete may meanwhile reach its put_disk(@disk).  The submitter still
- * holds the front open, though: the front keeps @disk (and @dev, where it
- * finds it) until its ->free_disk, which only an added disk gets.
+ * a delete may meanwhile reach its put_disk(@disk).  Whoever owns such a
+ * bio holds a reference to the front until the bio completes (an open
+ * file, a partition, a stacked driver), though: the front keeps its own
+ * reference to @disk until its ->free_disk, which only an added disk gets.
  */
 void hybd_front_added(struct hybd_dev *dev, struct gendisk *disk)
 {
 	get_device(disk_to_dev(disk));
-	dev->behind = disk;
-	kref_get(&dev->ref);
 	atomic_inc(&hybd_fronts);
+}
+
+/**
+ * hybd_front_deleted() - @front is deleted: it only waits to be freed
+ * @front: the front, after del_gendisk() and the end of its remaps
+ * @disk: the disk behind it, whose reference the front holds
+ *
+ * ->submit_bio cannot run any more, nor can anything else that reads the
+ * front's private data as its device (its sysfs attributes went with
+ * del_gendisk()): from here it is the disk behind, for ->free_disk, so
+ * that a front held open long after its delete keeps that disk only, not
+ * the device (its rings, threads and an owner's charge).  A comparison
+ * with a device (hybd_front_is()) finds it no longer that device's.
+ */
+void hybd_front_deleted(struct gendisk *front, struct gendisk *disk)
+{
+	WRITE_ONCE(front->private_data, disk);
 }
 
 /**

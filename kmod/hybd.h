@@ -328,13 +328,6 @@ struct hybd_dev {
 	 * is then hidden; set with @disk
 	 */
 	struct gendisk		*front;
-	/*
-	 * The front's own reference to @disk, taken once both are added and
-	 * dropped in the front's ->free_disk: a bio the front passed waits
-	 * on its submitter's bio_list after the front's queue is let go of,
-	 * and must still find the disk there (hybd_front_added()).
-	 */
-	struct gendisk		*behind;
 
 	/*
 	 * add_disk() and del_gendisk() run in works on hybd_wq, so that the
@@ -497,6 +490,7 @@ bool hybd_front_is(struct hybd_dev *dev, struct gendisk *disk);
 struct gendisk *hybd_front_alloc(struct hybd_dev *dev,
 				 struct queue_limits *lim);
 void hybd_front_added(struct hybd_dev *dev, struct gendisk *disk);
+void hybd_front_deleted(struct gendisk *front, struct gendisk *disk);
 void hybd_front_drop(struct hybd_dev *dev, struct hybd_front_io *f);
 
 static inline unsigned int hybd_lat_bucket(u64 start_ns)

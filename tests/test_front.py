@@ -7,11 +7,11 @@ import contextlib
 import errno
 import mmap
 import os
+import re
 import subprocess
 import threading
 import time
 from pathlib import Path
-
 
 from hybdbpf import (delta, detach_ok, disk_completed_ios, fastpath,  # noqa: F401
                      prog, settle, stats, suite_prog, unpin)
@@ -223,55 +223,76 @@ def test_front_delete_under_io(servers, fastpath, tmp_path):
         srv2.stop()
 
 
-def hybd_rescuers():
-    """How many workqueue rescuers hybd's devices have (four each, named
-    kworker/R-hybdN_...): they go when the device's memory is freed."""
-    n = 0
-    for comm in Path("/proc").glob("[0-9]*/comm"):
+@contextlib.contextmanager
+def disk_releases():
+    """A kprobe on the kernel's disk_release(), which frees a gendisk once
+    its last reference goes: yields a function that lists the names of
+    the disks released since (the name is the first field of the struct
+    device passed, the kobject's)."""
+    tracing = Path("/sys/kernel/tracing")
+    if not (tracing / "kprobe_events").exists():
+        run(["mount", "-t", "tracefs", "nodev", str(tracing)], check=True)
+    event = "hybd_test/disk_release"
+    def probe(line):
+        # O_APPEND without the seek to the end that open(..., "a") makes,
+        # which tracefs refuses (EINVAL)
+        fd = os.open(tracing / "kprobe_events", os.O_WRONLY | os.O_APPEND)
         try:
-            n += comm.read_text().startswith("kworker/R-hybd")
-        except OSError:
-            pass
-    return n
+            os.write(fd, (line + "\n").encode())
+        finally:
+            os.close(fd)
+    probe(f"p:{event} disk_release name=+0(+0(%di)):string")
+    enable = tracing / "events" / event / "enable"
+    (tracing / "trace").write_text("")
+    enable.write_text("1")
+    try:
+        yield lambda: re.findall(r'disk_release: .*name="([^"]*)"',
+                                 (tracing / "trace").read_text())
+    finally:
+        enable.write_text("0")
+        probe(f"-:{event}")
 
 
 def test_a_deleted_front_held_open_keeps_the_disk_behind_it(ramdisk):
     """A bio the front passes waits on its submitter's bio_list for the
-    disk behind the front after the front's queue was let go of: whoever
-    holds the front open keeps that disk, and the device, until they let
-    go, as a delete must not free them under such a bio.  The window
-    itself (between ->submit_bio's return and the list's turn) cannot be
-    hit from user space; what can be seen is the lifetime: the device's
-    rescuer threads outlive the delete exactly as long as the front is
-    held, I/O on the held node reads nothing, the kernel stays clean."""
-    before = hybd_rescuers()
+    disk behind the front after the front's queue was let go of; whoever
+    owns the bio holds the front.  So a front held open keeps the disk
+    behind it after a delete, and lets go of it with its last reference.
+    The window itself (between ->submit_bio's return and the list's turn)
+    cannot be hit from user space; the lifetime can be seen: the kernel
+    frees the disk behind (disk_release) only once the front held open is
+    closed, and I/O on the held node reads nothing."""
     srv = ramdisk(size="16M", front=True)
-    front_of(srv.dev)
-    assert hybd_rescuers() == before + 4
+    front, behind = front_of(srv.dev)
     data = pattern("held-front", 64 << 10)
     buf = mmap.mmap(-1, len(data))      # page-aligned, for O_DIRECT
     fd = os.open(srv.dev, os.O_RDWR | os.O_DIRECT)
     try:
-        direct_write(srv.dev, 0, data)
-        assert os.preadv(fd, [buf], 0) == len(data)
-        assert buf[:] == data, "read through the held node"
-        rc, _, err = hybdctl("del", "--in-use", srv.dev)
-        assert rc == 0, err
-        srv.wait()
-        assert not Path(f"/sys/block/hybd{srv.id}q").exists()
-        # the disk is gone: its size is 0 (nothing to read), or the read
-        # fails
-        try:
-            assert os.preadv(fd, [buf], 0) == 0, "read a deleted disk"
-        except OSError as e:
-            assert e.errno in (errno.EIO, errno.ENXIO, errno.ENODEV), e
-        assert hybd_rescuers() == before + 4, \
-            "the device was freed while its front was held open"
+        with disk_releases() as released:
+            direct_write(srv.dev, 0, data)
+            assert os.preadv(fd, [buf], 0) == len(data)
+            assert buf[:] == data, "read through the held node"
+            rc, _, err = hybdctl("del", "--in-use", srv.dev)
+            assert rc == 0, err
+            srv.wait()
+            assert not Path(f"/sys/block/{behind}").exists()
+            # the disk is gone: its size is 0 (nothing to read), or the
+            # read fails
+            try:
+                assert os.preadv(fd, [buf], 0) == 0, "read a deleted disk"
+            except OSError as e:
+                assert e.errno in (errno.EIO, errno.ENXIO, errno.ENODEV), e
+            time.sleep(1)
+            assert behind not in released(), \
+                "the disk behind the front was freed while the front was held"
+            os.close(fd)
+            fd = None
+            wait_for(lambda: {front, behind} <= set(released()), T_CMD,
+                     f"{front} and {behind} freed once the front was let go of")
     finally:
-        os.close(fd)
+        if fd is not None:
+            os.close(fd)
         buf.close()
-    wait_for(lambda: hybd_rescuers() == before, T_CMD,
-             "the device freed once the front was let go of")
 
 
 def disk_size(name):
