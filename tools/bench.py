@@ -105,30 +105,53 @@ interleaved round-robin, and reports medians, per-round ranges and ratios:
                its chunk in the store, in the kernel (no cache to answer)
   ddbig        dedup + fast path (dedup.bpf.o), warm, over 128 MiB: 4
                times its cache
+  kzram        the kernel's zram (modprobe zram num_devices=1, or a device
+               of its own by hot_add where zram is loaded), lz4, disksize
+               --ramdisk-size, over the zram mix (below)
+  zramrs       examples/zram-rs (Rust, the hybd crate; the cargo target
+               directory's release/zram-rs), lz4, as large, no fast path,
+               over the same mix
+  zramrsf      the same with its fast path (--fastpath zram.bpf.o): reads
+               of zero blocks complete in the kernel; nothing is cached
+               or warmed, everything else is its slow path's
 
 crypt and dedup compare lines that read the same data: every block
 written (encfull / dmcryptf, ddmslow / kloop), then the disk image's mix
 (encslow / dmcrypt over one file, ddslow / kloopm); a row whose lines
 read different data says so.
 
+The zram lines' mix (devio.fill_zmix) is what a compressed disk meets,
+every block written, the same bytes on each line: runs of 128 KiB in
+turn of a tar of /usr/include (then /usr/share), built in memory in
+sorted order, of seeded random data, and of zeros (written, so both
+stores keep them as same-filled pages).  After the fill, each line's
+store says what it made of it (zram's mm_stat, zram-rs's --stats): the
+compression ratio (stored / compressed bytes) and the memory it uses per
+stored GiB, which bench.json keeps (the line's setup, "compression") and
+the report prints in the zram comparison's section.
+
 --only and --skip take line keys and the names of the comparisons the
 report prints (slowpath, fastpath, nbd, nbdex, loop, loopbdev, crypt, dedup,
-ublkzc): `make bench BENCH_ARGS='--only loop'` measures the loop drivers
-alone, `--only ublkzc,nbdexc` every line with large I/O and the zero-copy
-lines.
+ublkzc, zram): `make bench BENCH_ARGS='--only loop'` measures the loop
+drivers alone, `--only ublkzc,nbdexc` every line with large I/O and the
+zero-copy lines, `--only zram` zram-rs and the kernel's zram.  A line's
+key comes before a comparison's name (`--only nbd` is the line nbd
+alone).
 
 Every line is measured at QD1 (psync, 4 KiB random reads: mean, p50, p99,
 p99.9 completion latency) and QD32 (io_uring: IOPS); PAR_LINES also by two
 submitters (2 fio jobs at QD16: IOPS), SEQ_LINES also reading 128 KiB
 sequentially (QD8: MiB/s), WRITE_LINES also writing 4 KiB at random at
-QD1.  LARGE_LINES (the slow path's null, ramdisk, hybd-loop and hybd-nbd
-lines, the BPF loop and ublk's null and loop, with and without zero copy)
-are also read and written sequentially with large requests, where copies
-dominate: 128 KiB and 1 MiB, each at QD8 and QD32 (MiB/s; hybd-nbd's
-export is read-only: reads only).  --samples rounds (default 5),
-round-robin, each round starting one line further on, after an uncounted
---warmup run each.  Every device exists for the whole run, without an I/O
-scheduler.
+QD1, QD32W_LINES (the zram lines) at QD32 too (io_uring: IOPS), fio's
+own data (random: stored whole by both zram lines) over the region
+after the one read.  LARGE_LINES (the slow path's null, ramdisk,
+hybd-loop and hybd-nbd lines, the BPF loop and ublk's null and loop,
+with and without zero copy) are also read and written sequentially with
+large requests, where copies dominate: 128 KiB and 1 MiB, each at QD8
+and QD32 (MiB/s; hybd-nbd's export is read-only: reads only).
+--samples rounds (default 5), round-robin, each round starting one line
+further on, after an uncounted --warmup run each.  Every device exists
+for the whole run, without an I/O scheduler.
 
 Results: a table on stdout, every round in RESULTS/bench.json with the
 guest's command line and load before and after.  On the host, tools/vm-run

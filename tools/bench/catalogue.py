@@ -12,13 +12,16 @@ SEQ_QD = 8
 # key -> (label, hybd server setup or None).  The order is the table's.
 #   prog: bpf/<prog>.bpf.o attached; data: region written before measuring
 #   (True: every block, all different; "mix": a disk image's mix, a third
-#   never written: devio.fill_*); poll_ns: the server's --poll-ns; fast:
-#   reads are expected on the fast path (setup reads the region twice
-#   before the rounds to check it); warm: that read pass fills a cache or
-#   map the reads are then served from, so the line is measured warm (its
-#   label says so, and so does a comparison with a line that has no
-#   cache); queues: the server's --queues (default: the library's, one per
-#   CPU); server: the example that serves it (default the ramdisk)
+#   never written; "zmix": the zram lines' mix, a tar of /usr, random
+#   blocks and written zeros: devio.fill_*); poll_ns: the server's
+#   --poll-ns; fast: reads are expected on the fast path (setup reads the
+#   region twice before the rounds to check it); warm: that read pass
+#   fills a cache or map the reads are then served from, so the line is
+#   measured warm (its label says so, and so does a comparison with a
+#   line that has no cache); queues: the server's --queues (default: the
+#   library's, one per CPU); server: the example that serves it (default
+#   the ramdisk); fastpath: zram-rs's --fastpath zram.bpf.o (the server
+#   attaches it)
 LINES = {
     "nullblk": ("null_blk (memory)", None),
     "unull1": ("ublk null, 1 queue", None),
@@ -153,20 +156,33 @@ LINES = {
                    server="dedup", region=128 << 20, warm=True,
                    counters=("cache_hits", "remap_hits", "zero_hits",
                              "read_misses"), total="reads")),
+    # a compressed RAM disk: the kernel's zram and examples/zram-rs, lz4
+    # on both, as large as the ramdisks, over the same "zmix" data.  The
+    # fast path completes the reads of zero blocks in the kernel, and
+    # nothing else: no cache, nothing warmed (fast=False: a third of the
+    # reads, not all, are expected there)
+    "kzram": ("kernel zram, lz4", None),
+    "zramrs": ("zram-rs, lz4, no fast path",
+               dict(prog=None, data="zmix", poll_ns=0, fast=False,
+                    server="zram")),
+    "zramrsf": ("zram-rs, lz4 + fast path for zero blocks",
+                dict(prog=None, data="zmix", poll_ns=0, fast=False,
+                     server="zram", fastpath=True)),
 }
 # What the peers' measured regions hold, as the hybd lines' "data" says it
 # (True: every block written, all different; "mix": the disk image's mix;
-# False: nothing to read, or never written)
+# "zmix": the zram lines' mix; False: nothing to read, or never written)
 PEER_DATA = {"nullblk": True, "unull1": False, "unull": False,
              "unull1z": False, "nbd": True, "nbdk": True, "kloop": True,
              "kloopm": "mix", "uloop": True, "uloopz": True,
              "dmlinear": True, "kloopx": True, "dmcrypt": "mix",
-             "dmcryptnw": "mix", "dmcryptf": True, "dmcryptnwf": True}
+             "dmcryptnw": "mix", "dmcryptf": True, "dmcryptnwf": True,
+             "kzram": "zmix"}
 
 
 def line_data(key):
-    """What a line's measured region holds (True, "mix", False), or None
-    for a line this catalogue does not know."""
+    """What a line's measured region holds (True, "mix", "zmix", False),
+    or None for a line this catalogue does not know."""
     if key not in LINES:
         return None
     spec = LINES[key][1]
@@ -194,7 +210,7 @@ def pair_notes(key, ref):
     notes = []
     if is_warm(key) and not is_warm(ref):
         notes.append("warm cache vs none")
-    names = {True: "all written", "mix": "mix"}
+    names = {True: "all written", "mix": "mix", "zmix": "zram mix"}
     data = line_data(key), line_data(ref)
     if data[0] != data[1] and all(d in names for d in data):
         notes.append(" vs ".join(names[d] for d in data))
@@ -212,7 +228,9 @@ SEQ_MODES = {"seq": ("read", SEQ_BS, SEQ_QD),
              "seqw1m": ("write", 1 << 20, SEQ_QD),
              "seqw1m32": ("write", 1 << 20, QD32)}
 LARGE_MODES = tuple(m for m in SEQ_MODES if m != "seq")
-MODES = ("qd1", "qd32", "par", "seq", "qd1w", *LARGE_MODES)
+# qd1w: 4 KiB random writes at QD1 (WRITE_LINES); qd32w: the same at QD32
+# (QD32W_LINES), with io_uring: both to the region after the one read
+MODES = ("qd1", "qd32", "par", "seq", "qd1w", "qd32w", *LARGE_MODES)
 # the lines measured in LARGE_MODES too: each kind of slow path at the
 # library's defaults (null, ramdisk, hybd-loop, hybd-nbd), the BPF loop,
 # and ublk's null and loop at rublk's default (1 queue), with and without
@@ -233,7 +251,8 @@ SEQ_LINES = ("nullblk", "unull1", "unull", "unull1z", "hnull1", "hnull",
              "bloopx", "dmcrypt",
              "dmcryptnw", "encslow", "encslow1", "encfast",
              "enccache", "ddslow", "ddslow1", "ddmslow", "ddremap",
-             "kloopm", "dmcryptf", "dmcryptnwf", "encfull")
+             "kloopm", "dmcryptf", "dmcryptnwf", "encfull",
+             "kzram", "zramrs", "zramrsf")
 # the lines measured in "par" (2 submitters: 2 fio jobs at QD16) too
 PAR_LINES = ("nullblk", "unull1", "unull", "unull1z", "hnull1", "hnull",
              "hnullq", "noprog1", "noprog", "kloop", "uloop", "uloopz",
@@ -249,7 +268,13 @@ WRITE_LINES = ("kloop", "uloop", "uloopz", "hloop1", "hloop", "bloop",
                "bloop1",
                "bloopb", "bloopbf",
                "dmlinear", "kloopx", "bloopx", "dmcrypt",
-               "dmcryptnw", "encslow", "encslow1", "ddslow", "ddslow1")
+               "dmcryptnw", "encslow", "encslow1", "ddslow", "ddslow1",
+               "kzram", "zramrs", "zramrsf")
+# the lines measured in "qd32w" (4 KiB random writes, QD32) too: a
+# compressed disk compresses every write, the kernel's zram in each
+# submitter's context, zram-rs in its queues' workers: depth shows which
+# keeps up
+QD32W_LINES = ("kzram", "zramrs", "zramrsf")
 
 # The comparisons the report prints (and --only takes by name): what a
 # user would pick instead of each hybd line.  (name, [(line, reference)])
@@ -304,6 +329,13 @@ COMPARISONS = (
      [("unull1z", "unull1"), ("uloopz", "uloop"),
       ("hnull1", "unull1z"), ("hnull", "unull1z"), ("noprog", "unull1z"),
       ("hloop1", "uloopz"), ("hloop", "uloopz"), ("bloop", "uloopz")]),
+    # every pair over the same "zmix" data; the report adds what each
+    # line's store made of it (ratio, memory per stored GiB:
+    # report.compression_rows).  The kernel's line is kzram, as kloop is
+    # the kernel loop's: --only takes a line's key before a comparison's
+    # name, and "zram" is to select the comparison
+    ("zram", "zram-rs against the kernel's zram (lz4, same data)",
+     [("zramrs", "kzram"), ("zramrsf", "kzram"), ("zramrsf", "zramrs")]),
 )
 GROUPS = {name: list(dict.fromkeys(k for pair in pairs for k in pair))
           for name, _, pairs in COMPARISONS}
@@ -417,6 +449,7 @@ TARGETS = (
 METRICS = {"mean_us": ("qd1", "mean_us", False),
            "qd1_iops": ("qd1", "mean_us", True),
            "w_mean_us": ("qd1w", "mean_us", False),
+           "qd32w_iops": ("qd32w", "iops", True),
            "qd32_iops": ("qd32", "iops", True),
            "par_iops": ("par", "iops", True),
            "seq_mib_s": ("seq", "mib_s", True),
@@ -425,4 +458,5 @@ METRICS = {"mean_us": ("qd1", "mean_us", False),
 
 def writes(mode):
     """Whether fio writes in this mode (else it reads)."""
-    return mode == "qd1w" or SEQ_MODES.get(mode, ("",))[0] == "write"
+    return (mode in ("qd1w", "qd32w")
+            or SEQ_MODES.get(mode, ("",))[0] == "write")

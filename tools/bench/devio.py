@@ -1,12 +1,18 @@
 # SPDX-License-Identifier: GPL-2.0
-"""Direct I/O: writing a device's measured region (distinct blocks, or a
-disk image's mix) and reading it back to warm a cache."""
+"""Direct I/O: writing a device's measured region (distinct blocks, a
+disk image's mix, or the zram lines' mix) and reading it back to warm a
+cache."""
 
+import functools
+import hashlib
+import io
 import mmap
 import os
+import random
+import tarfile
 
-from .catalogue import BS
-from .common import BenchError
+from .catalogue import BS, SEQ_BS
+from .common import BenchError, say
 
 
 def _direct_fd(dev, flags):
@@ -72,6 +78,86 @@ def fill_mix(dev, size):
             return None
         return tagged(seed, blk % 16 if blk % 3 == 1 else 1000 + blk)
     write_blocks(dev, size, block_at)
+
+
+# The zram lines' mix ("zmix"): what a compressed disk meets, each kind in
+# runs of ZMIX_RUN blocks (files and free space lie in extents), in turn:
+# a tar stream of ZMIX_TAR_ROOTS (text, headers, binaries: lz4 gets
+# some of it), random data (compressed files, media: lz4 gets nothing,
+# both stores keep it whole) and zeros, written (not holes), which both
+# keep as same-filled pages.  A run is as long as a "seq" read, so each of
+# those reads, as each 4 KiB one, finds one kind.
+ZMIX_RUN = SEQ_BS // BS
+ZMIX_TAR_ROOTS = ("/usr/include", "/usr/share")
+ZMIX_SEED = 0x7a6d6978          # the random runs' generator's: "zmix"
+
+
+def tar_stream(need, roots=ZMIX_TAR_ROOTS):
+    """The first @need bytes of a tar of @roots, built in memory as `tar
+    cf` would, directories and names in sorted order (the same bytes from
+    the same tree); files that cannot be read are left out."""
+    buf = io.BytesIO()
+    tar = tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT)
+    for root in roots:
+        for top, dirs, files in os.walk(root):
+            dirs.sort()
+            for name in sorted(files):
+                path = os.path.join(top, name)
+                try:
+                    info = tar.gettarinfo(path)
+                    if info is None:        # a socket, say
+                        continue
+                    if info.isreg():
+                        with open(path, "rb") as f:
+                            tar.addfile(info, f)
+                    else:
+                        tar.addfile(info)
+                except OSError:
+                    continue
+                if buf.tell() >= need:
+                    return buf.getbuffer()[:need].tobytes()
+    raise BenchError(f"a tar of {' and '.join(roots)} has {buf.tell()} "
+                     f"bytes, not the {need} the zram mix needs")
+
+
+@functools.lru_cache(maxsize=2)
+def zmix_parts(size):
+    """(tar bytes, random bytes, what they are) for a zmix of @size bytes:
+    made once a run, so that every zram line is written the same."""
+    blocks = size // BS
+    runs = -(-blocks // ZMIX_RUN)
+    # each kind's blocks, at most: a run of it in every third run
+    need = (runs // 3 + 1) * ZMIX_RUN * BS
+    tar = tar_stream(need)
+    rnd = random.Random(ZMIX_SEED).randbytes(need)
+    kinds = [(blk // ZMIX_RUN) % 3 for blk in range(blocks)]
+    info = {"tar_of": list(ZMIX_TAR_ROOTS), "tar_bytes": len(tar),
+            "tar_sha256": hashlib.sha256(tar).hexdigest(),
+            "random_seed": ZMIX_SEED, "run_blocks": ZMIX_RUN,
+            "blocks": {"tar": kinds.count(0), "random": kinds.count(1),
+                       "zeros": kinds.count(2)}}
+    say(f"zram mix: {size >> 20} MiB, {info['blocks']}, the tar "
+        f"{info['tar_sha256'][:12]}")
+    return tar, rnd, info
+
+
+def fill_zmix(dev, size):
+    """The zram lines' mix over [0, size), every block written: runs of
+    ZMIX_RUN blocks of a tar of /usr, of random data and of zeros, in
+    turn, each kind's runs taking its source's blocks in order.  Returns
+    what it wrote (for bench.json), the same for every device of a run."""
+    tar, rnd, info = zmix_parts(size)
+    zero = bytes(BS)
+
+    def block_at(blk):
+        run, i = divmod(blk, ZMIX_RUN)
+        kind = run % 3
+        if kind == 2:
+            return zero
+        at = (run // 3 * ZMIX_RUN + i) * BS
+        return (tar if kind == 0 else rnd)[at:at + BS]
+    write_blocks(dev, size, block_at)
+    return info
 
 
 def read_pass(dev, size):

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: GPL-2.0
 """The setup of hybd's lines: the module and its binaries, hybdctl's
-stats, the servers (examples/*) serving one device each."""
+stats, the servers (examples/*, zram-rs) serving one device each."""
 
 import json
 import os
@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 from .common import REPO, BenchError, run, say, wait_until
-from .devio import fill_mix, fill_region, read_pass
-from .peers import NBDEX_NS, ensure_nbdex
+from .devio import fill_mix, fill_region, fill_zmix, read_pass
+from .peers import CACHE, NBDEX_NS, check_stored, compression, ensure_nbdex
 from .report import fmt_pct
 from .setup import (NULLB_TARGET, backing_file, bench_key, ensure_nullblk,
                     ext4_file)
@@ -25,6 +25,14 @@ DEDUP = REPO / "examples" / "dedup" / "dedup"
 ENCRYPT = REPO / "examples" / "encrypt" / "encrypt"
 NBDEX = REPO / "examples" / "nbd" / "hybd-nbd"
 NBDEX_BPF = REPO / "examples" / "nbd" / "nbd.bpf.o"
+# zram-rs: the Rust workspace's, which tools/cargo.sh builds outside the
+# tree (the bench guest sees the cache read-only), in rust/target where
+# the cache has no target directory
+CARGO_TARGET = Path(os.environ.get("HYBD_CARGO_TARGET") or (
+    CACHE / "cargo" / "target" if (CACHE / "cargo" / "target").is_dir()
+    else REPO / "rust" / "target"))
+ZRAM_RS = CARGO_TARGET / "release" / "zram-rs"
+ZRAM_BPF = REPO / "examples" / "zram-rs" / "zram.bpf.o"
 BPF_DIR = REPO / "bpf"
 CONTROL = "/dev/hybd-control"
 KMOD = Path(os.environ.get("HYBD_KMOD", REPO / "kmod" / "hybd.ko"))
@@ -140,6 +148,26 @@ class Ramdisk:
                              f"{self.proc.returncode}: {self.tail()}")
 
 
+def zram_rs_compression(path, since):
+    """zram-rs's --stats FILE as compression() has it, once rewritten after
+    @since (time.time()): it rewrites it five times a second."""
+    def fresh():
+        try:
+            return os.stat(path).st_mtime > since
+        except OSError:
+            return False
+    wait_until(fresh, 10, f"zram-rs to rewrite {path}")
+    try:
+        st = json.loads(Path(path).read_text())
+        return compression(st["orig_data_size"], st["compr_data_size"],
+                           st["mem_used"], st["same_pages"],
+                           st["huge_pages"],
+                           "its compressed and whole blocks and its "
+                           "per-block table")
+    except (OSError, ValueError, KeyError) as e:
+        raise BenchError(f"zram-rs's stats {path}: {e}") from None
+
+
 def ensure_hybd(ctx):
     """Load kmod/hybd.ko unless it is loaded, check our binaries."""
     if not os.path.exists(CONTROL):
@@ -167,6 +195,7 @@ def setup_hybd(line, ctx):
     # 4 KiB requests only: small per-tag buffers keep ring memory low with
     # one ramdisk per line
     args = ["--max-io", "128K", *queue_args(spec)]
+    zram_stats = None           # zram-rs's --stats FILE
     if spec.get("server") == "loop":
         if not os.access(LOOP, os.X_OK):
             raise BenchError(f"{LOOP} is not built (make examples)")
@@ -206,6 +235,20 @@ def setup_hybd(line, ctx):
         server = Ramdisk(["netns", "exec", NBDEX_NS, str(NBDEX), *fast,
                           *spec.get("flags", []), *queue_args(spec), uri],
                          exe="ip")
+    elif spec.get("server") == "zram":
+        # as large as the ramdisks and the kernel's zram; no memory limit,
+        # as zram has none by default
+        if not os.access(ZRAM_RS, os.X_OK):
+            raise BenchError(f"{ZRAM_RS} is not built (make rust)")
+        fast = []
+        if spec.get("fastpath"):
+            if not ZRAM_BPF.is_file():
+                raise BenchError(f"{ZRAM_BPF} is not built (make examples)")
+            fast = ["--fastpath", str(ZRAM_BPF)]
+        zram_stats = os.path.join(ctx.tmp, f"{line.key}.stats.json")
+        server = Ramdisk(["--size", str(ctx.args.ramdisk_size), *fast,
+                          "--stats", zram_stats, *queue_args(spec),
+                          *spec.get("flags", [])], exe=ZRAM_RS)
     elif spec.get("server") == "dedup":
         if not os.access(DEDUP, os.X_OK):
             raise BenchError(f"{DEDUP} is not built (make examples)")
@@ -232,6 +275,13 @@ def setup_hybd(line, ctx):
                  "region": region}
     if spec["data"] == "mix":
         fill_mix(line.dev, region)
+    elif spec["data"] == "zmix":
+        line.info["zmix"] = fill_zmix(line.dev, region)
+        # every write was stored before it completed: the stats file's
+        # next version, written after this, has them all
+        figures = zram_rs_compression(zram_stats, time.time())
+        check_stored(line, figures, region)
+        line.info["compression"] = figures
     elif spec["data"]:
         fill_region(line.dev, region)
     if spec["prog"]:

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: GPL-2.0
 """The setup of the drivers hybd is measured against: null_blk, dm-linear,
 nbd (nbdkit; the kernel client on the nbdex export), the kernel loop,
-dm-crypt and ublk (rublk); SETUP maps their lines to it."""
+dm-crypt, ublk (rublk) and zram; SETUP maps their lines to it."""
 
 import os
 import platform
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .catalogue import BS
 from .common import BenchError, Unsupported, read_text, run, say, wait_until
-from .devio import fill_mix, fill_region
+from .devio import fill_mix, fill_region, fill_zmix
 from .setup import (NULLB_DEV, NULLB_PARAMS, NULLB_TARGET, backing_file,
                     bench_key, ensure_loop, ensure_nullblk, ext4_file,
                     module_loaded)
@@ -387,6 +387,101 @@ def setup_uloop(line, ctx):
     line.info["backing"] = path
 
 
+# the kernel's zram: its control directory (hot_add, hot_remove, where
+# the module is loaded already), and the compressor of both zram lines
+ZRAM_CONTROL = Path("/sys/class/zram-control")
+ZRAM_COMP = "lz4"
+
+
+def write_sysfs(path, value):
+    try:
+        Path(path).write_text(value)
+    except OSError as e:
+        raise BenchError(f"echo {value} > {path}: {e.strerror}") from None
+
+
+def compression(orig, compr, mem_used, same, huge, counts):
+    """What a compressed disk's store made of the data written to it, as
+    zram's mm_stat says it (bytes; same and huge in pages), with the ratio
+    (orig / compr) and the memory it takes per GiB stored (MiB): what the
+    report prints of the zram lines (report.compression_rows).  @counts:
+    what mem_used counts, which is not the same on both sides."""
+    return {"orig_data_size": orig, "compr_data_size": compr,
+            "mem_used": mem_used, "same_pages": same, "huge_pages": huge,
+            "ratio": orig / compr if compr else None,
+            "mem_mib_per_gib": mem_used / orig * 1024 if orig else None,
+            "mem_used_counts": counts}
+
+
+def check_stored(line, figures, size):
+    """Say so if a store holds other than the @size bytes written to it:
+    its figures would not be those of the same data as the others'."""
+    if figures["orig_data_size"] != size:
+        say(f"WARNING: {line.key}: {figures['orig_data_size']} bytes stored "
+            f"after writing {size}: its compression is not of the data the "
+            "other zram lines hold")
+
+
+def zram_compression(sysfs):
+    """zram's mm_stat: orig_data_size compr_data_size mem_used_total
+    mem_limit mem_used_max same_pages pages_compacted huge_pages ..."""
+    text = read_text(sysfs / "mm_stat") or ""
+    try:
+        f = [int(x) for x in text.split()]
+        return compression(f[0], f[1], f[2], f[5],
+                           f[7] if len(f) > 7 else None,
+                           "mem_used_total: the zsmalloc pool (not the "
+                           "per-block table)")
+    except (ValueError, IndexError):
+        raise BenchError(f"{sysfs}/mm_stat: unexpected {text!r}") from None
+
+
+def setup_kzram(line, ctx):
+    """The kernel's zram, lz4, as large as the hybd lines' ramdisks, with
+    the zram mix written: zram0 of the module loaded here (num_devices=1,
+    unloaded at the end), or a device added to it (hot_add, removed at the
+    end) where it is loaded already (swap on zram, say).  Its
+    compression after the fill goes into bench.json."""
+    if module_loaded("zram"):
+        try:
+            idx = int((ZRAM_CONTROL / "hot_add").read_text())
+        except (OSError, ValueError) as e:
+            raise BenchError(f"zram is loaded: {ZRAM_CONTROL}/hot_add: "
+                             f"{getattr(e, 'strerror', None) or e}") from None
+        ctx.cleanup.push(f"zram hot_remove {idx}", write_sysfs,
+                         ZRAM_CONTROL / "hot_remove", str(idx))
+        how = f"hot_add (zram loaded already): zram{idx}"
+    else:
+        run(["modprobe", "zram", "num_devices=1"])
+        ctx.cleanup.push("rmmod zram", run, ["modprobe", "-r", "zram"])
+        idx = 0
+        how = "modprobe zram num_devices=1"
+    sysfs = Path(f"/sys/block/zram{idx}")
+    wait_until(lambda: (sysfs / "disksize").exists(), 10, f"{sysfs}")
+    # "lzo [lz4] zstd": the one in brackets is the device's
+    algs = re.findall(r"[\w-]+", read_text(sysfs / "comp_algorithm") or "")
+    if ZRAM_COMP not in algs:
+        raise Unsupported(f"zram of Linux {platform.release()} has no "
+                          f"{ZRAM_COMP} (it offers {', '.join(algs)})")
+    # the compressor before the size: a sized device keeps its own
+    write_sysfs(sysfs / "comp_algorithm", ZRAM_COMP)
+    write_sysfs(sysfs / "disksize", str(ctx.args.ramdisk_size))
+    ctx.cleanup.push(f"reset zram{idx}", write_sysfs, sysfs / "reset", "1")
+    dev = f"/dev/zram{idx}"
+    wait_until(lambda: os.path.exists(dev), 10, dev)
+    region = ctx.args.region
+    mix = fill_zmix(dev, region)
+    # zram stores each write before it completes it: mm_stat is up to
+    # date once the fill returns
+    figures = zram_compression(sysfs)
+    check_stored(line, figures, region)
+    line.dev = dev
+    line.info = {"setup": how, "comp_algorithm":
+                 read_text(sysfs / "comp_algorithm"),
+                 "disksize": ctx.args.ramdisk_size, "data": "zmix",
+                 "zmix": mix, "compression": figures}
+
+
 SETUP_FIRST = ("kloop", "encslow", "encfull")
 SETUP = {"nullblk": setup_nullblk, "nbd": setup_nbd, "kloop": setup_kloop,
          "kloopx": setup_kloop, "kloopm": setup_kloop,
@@ -395,4 +490,4 @@ SETUP = {"nullblk": setup_nullblk, "nbd": setup_nbd, "kloop": setup_kloop,
          "dmlinear": setup_dmlinear,
          "unull1": setup_unull1, "unull1z": setup_unull1,
          "unull": setup_unull, "uloop": setup_uloop, "uloopz": setup_uloop,
-         "nbdk": setup_nbdk}
+         "nbdk": setup_nbdk, "kzram": setup_kzram}

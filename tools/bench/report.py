@@ -8,8 +8,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from .catalogue import (COMPARISONS, LARGE_MODES, METRICS, SEQ_MODES,
-                        SEQ_QD, TARGETS, label_of, pair_notes)
+from .catalogue import (COMPARISONS, GROUPS, LARGE_MODES, METRICS,
+                        SEQ_MODES, SEQ_QD, TARGETS, label_of, pair_notes)
 from .common import say
 
 
@@ -165,6 +165,12 @@ COLUMNS = (("mean_us", "QD1 read mean µs", 1), ("p50_us", "p50", 1),
 RATIO_COLUMNS = (("mean_us", "QD1 read mean"), ("qd32_iops", "QD32 IOPS"),
                  ("par_iops", "2×QD16 IOPS"),
                  ("seq_mib_s", "128K seq"), ("w_mean_us", "QD1 write mean"))
+# the columns of the modes only a few lines are measured in (QD32W_LINES),
+# after the others: a table has one where one of its lines or pairs was
+# measured so (none in a bench.json from before them, whose report stays
+# as it was)
+OPTIONAL_COLUMNS = (("qd32w_iops", "QD32 write IOPS", 0),)
+OPTIONAL_RATIO_COLUMNS = (("qd32w_iops", "QD32 write IOPS"),)
 
 
 def large_title(mode):
@@ -184,20 +190,22 @@ def report_rows(doc, summary):
     """The report as tables: [(title, header, rows, note)]."""
     lines = doc["lines"]
     rows, missing = [], []
+    columns = COLUMNS + tuple(c for c in OPTIONAL_COLUMNS
+                              if any(med(s, c[0]) for s in summary.values()))
     for key, e in lines.items():
         s = summary.get(key)
         if s is None:
             missing.append(f"{label_of(key, e['label'])} ({key}): not measured: "
                            f"{e.get('error')}")
             continue
-        cells = [fmt_stat(s[m], d) if m in ("mean_us", "qd32_iops",
-                                             "par_iops", "seq_mib_s",
-                                             "w_mean_us")
+        cells = [fmt_stat(s.get(m), d) if m in ("mean_us", "qd32_iops",
+                                                 "par_iops", "seq_mib_s",
+                                                 "w_mean_us", "qd32w_iops")
                  else (f"{s[m][0]:.{d}f}" if s[m] else "-")
-                 for m, _, d in COLUMNS]
+                 for m, _, d in columns]
         rows.append([label_of(key, e["label"]), key, *cells,
                      fmt_pct(s.get("fast_share")) if e.get("hybd") else ""])
-    tables = [("lines", ["line", "--only", *(t for _, t, _ in COLUMNS),
+    tables = [("lines", ["line", "--only", *(t for _, t, _ in columns),
                          "fast path"], rows,
                "medians of the rounds, (lowest–highest round) after each"
                + "".join(f"; {m}" for m in missing))]
@@ -234,11 +242,15 @@ def report_rows(doc, summary):
                 if measured(summary.get(key)) and measured(summary.get(ref))]
 
     for name, what, pairs in COMPARISONS:
-        crow = ratio_rows(pairs, RATIO_COLUMNS, lambda s: s is not None)
+        rcols = RATIO_COLUMNS + tuple(
+            c for c in OPTIONAL_RATIO_COLUMNS
+            if any(compare(doc, summary, key, ref, c[0])
+                   for key, ref in pairs))
+        crow = ratio_rows(pairs, rcols, lambda s: s is not None)
         if crow:
             tables.append((f"{name}: {what}",
                            ["line / reference",
-                            *(t for _, t in RATIO_COLUMNS)], crow,
+                            *(t for _, t in rcols)], crow,
                            "median of the per-round ratios (lowest–highest "
                            "round); latency: lower is better, IOPS and "
                            "MiB/s: higher"))
@@ -250,7 +262,47 @@ def report_rows(doc, summary):
                             *(t for _, t in LARGE_COLUMNS)], lrow,
                            "median of the per-round ratios of MiB/s "
                            "(lowest–highest round): higher is better"))
+        # what each compressed disk's store made of its region
+        zrow = compression_rows(lines, GROUPS[name])
+        if zrow:
+            tables.append((f"{name}, compression: the region as written, "
+                           "before the rounds",
+                           ["line", "--only", "stored MiB", "compressed MiB",
+                            "ratio", "memory MiB", "memory MiB per stored GiB",
+                            "same-filled pages", "huge pages",
+                            "memory counts"], zrow,
+                           "one figure per line: the store's own after the "
+                           "fill, from zram's mm_stat and zram-rs's --stats; "
+                           "ratio: stored / compressed bytes (same-filled "
+                           "pages are stored, in no compressed bytes); "
+                           "memory: what the store says it uses, per GiB "
+                           "stored: lower is better"))
     return tables
+
+
+def compression_rows(lines, keys):
+    """A row for each line of @keys whose setup recorded its store's
+    compression (peers.compression: the zram lines), in the table's
+    order."""
+    def num(v, fmt, suffix=""):
+        return "-" if v is None else format(v, fmt) + suffix
+
+    mib = 1 << 20
+    rows = []
+    for key, e in lines.items():
+        c = (e.get("setup") or {}).get("compression")
+        if key not in keys or not c:
+            continue
+        rows.append([label_of(key, e["label"]), key,
+                     num(c["orig_data_size"] / mib, ".1f"),
+                     num(c["compr_data_size"] / mib, ".1f"),
+                     num(c.get("ratio"), ".2f", "x"),
+                     num(c["mem_used"] / mib, ".1f"),
+                     num(c.get("mem_mib_per_gib"), ".0f"),
+                     num(c.get("same_pages"), "d"),
+                     num(c.get("huge_pages"), "d"),
+                     c.get("mem_used_counts") or ""])
+    return rows
 
 
 def pair_title(lines, key, ref):

@@ -18,7 +18,7 @@ def fio_cmd(dev, mode, args, runtime=None, region=None, dist=None):
     if seq:
         rw, bs, depth = SEQ_MODES[mode]
     else:
-        rw, bs = ("randwrite" if mode == "qd1w" else "randread"), BS
+        rw, bs = ("randwrite" if writes(mode) else "randread"), BS
     # the writes go to the region after the one read, so that the data the
     # reads find (a disk image's mix, holes included) is the same each round
     offset = region if writes(mode) else 0
@@ -43,7 +43,7 @@ def fio_cmd(dev, mode, args, runtime=None, region=None, dist=None):
         # load a default of one queue per CPU is for
         cmd += ["--ioengine=" + args.qd32_engine, f"--iodepth={QD32 // 2}",
                 "--numjobs=2", "--group_reporting"]
-    else:
+    else:                       # qd32, qd32w
         cmd += ["--ioengine=" + args.qd32_engine, f"--iodepth={QD32}"]
     return cmd
 

@@ -10,8 +10,8 @@ import subprocess
 from pathlib import Path
 
 from .catalogue import (BS, LARGE_LINES, LARGE_MODES, LARGE_WRITE_LINES,
-                        LINES, MODES, PAR_LINES, SEQ_LINES, WRITE_LINES,
-                        writes)
+                        LINES, MODES, PAR_LINES, QD32W_LINES, SEQ_LINES,
+                        WRITE_LINES, writes)
 from .common import BenchError, read_text, run, say, wait_until
 from .devio import fill_region
 
@@ -53,6 +53,7 @@ class Line:
             (m == "par" and key in PAR_LINES) or
             (m == "seq" and key in SEQ_LINES) or
             (m == "qd1w" and key in WRITE_LINES) or
+            (m == "qd32w" and key in QD32W_LINES) or
             (m in LARGE_MODES and key in (LARGE_WRITE_LINES if writes(m)
                                           else LARGE_LINES)))
         self.runs = {m: [] for m in self.modes}
