@@ -865,12 +865,19 @@ static int start_workers(struct hybd_dev *dev)
 	return ret;
 }
 
-/* A worker is done: the first error wins, the last one out wakes waiters. */
+/*
+ * A worker is done: the first error wins, the last one out wakes waiters.
+ * -ENODEV is no error: the device was deleted.
+ */
 void hybd__worker_stopped(struct hybd_queue *q, int err)
 {
 	struct hybd_dev *dev = q->dev;
 
 	pthread_mutex_lock(&dev->lock);
+	if (err == -ENODEV) {
+		dev->gone = true;
+		err = 0;
+	}
 	if (err && !dev->worker_err)
 		dev->worker_err = err;
 	if (!--dev->nr_running)
@@ -972,6 +979,7 @@ int hybd_dev_wait(struct hybd_dev *dev)
 int hybd_dev_delete(struct hybd_dev *dev)
 {
 	unsigned int running;
+	bool gone;
 	int ret;
 
 	if (!dev)
@@ -996,10 +1004,17 @@ int hybd_dev_delete(struct hybd_dev *dev)
 		return 0;
 	}
 
-	/* Nobody serves: closing fails what is outstanding, then delete. */
+	/*
+	 * Nobody serves: closing fails what is outstanding, then delete,
+	 * unless a worker saw the device deleted already: its id may be
+	 * another device's by now.
+	 */
 	stop_workers(dev);
+	pthread_mutex_lock(&dev->lock);
+	gone = dev->gone;
+	pthread_mutex_unlock(&dev->lock);
 	dev_release(dev);
-	ret = hybd_ctl_del(dev->id);
+	ret = gone ? 0 : hybd_ctl_del(dev->id);
 	if (ret == -ENODEV || ret == -ENOENT)
 		ret = 0;
 	dev_free(dev);
@@ -1062,6 +1077,16 @@ int hybd_dev_remap_barrier(struct hybd_dev *dev)
 		return hybd__err(-errno, "HYBD_SRV_REMAP_BARRIER on %s failed",
 				 dev->path);
 	return 0;
+}
+
+int hybd_dev_serving(struct hybd_dev *dev)
+{
+	int n;
+
+	pthread_mutex_lock(&dev->lock);
+	n = dev->nr_running;
+	pthread_mutex_unlock(&dev->lock);
+	return n > 0;
 }
 
 int hybd_dev_handed_over(const struct hybd_dev *dev)

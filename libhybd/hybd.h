@@ -63,7 +63,7 @@ extern "C" {
 #include <stddef.h>
 
 #define HYBD_LIB_VERSION_MAJOR	1
-#define HYBD_LIB_VERSION_MINOR	15
+#define HYBD_LIB_VERSION_MINOR	16
 /* what hybd_lib_version() returns for a given version */
 #define HYBD_LIB_VERSION(major, minor)	(((major) << 16) | (minor))
 
@@ -451,6 +451,17 @@ int hybd_dev_del_backing(struct hybd_dev *dev, unsigned int index);
  * RETURN VALUE: 0, or -errno (a sync of a deleted target failed).
  */
 int hybd_dev_remap_barrier(struct hybd_dev *dev);
+
+/*
+ * hybd_dev_serving - are the device's workers serving it?  (Since 1.16.)
+ * Workers stop when the device is deleted (from anywhere), stopped,
+ * handed over, or on an error (hybd_dev_wait() says which).  A binding
+ * that must know whether hybd_dev_delete() will drain gracefully through
+ * the workers (completions still flowing) or fail what is outstanding
+ * asks this first.
+ * RETURN VALUE: 1 while at least one worker runs, else 0.
+ */
+int hybd_dev_serving(struct hybd_dev *dev);
 
 /*
  * hybd_dev_handed_over - did a new server take the device over?  (Since

@@ -145,6 +145,11 @@ struct hybd_dev {
 	unsigned int		nr_running;	/* workers alive */
 	unsigned int		nr_waiters;	/* threads in hybd_dev_wait() */
 	int			worker_err;	/* first fatal worker error */
+	/*
+	 * a worker saw the device deleted (-ENODEV): its id may belong to
+	 * someone else's device by now, so nothing deletes by id any more
+	 */
+	bool			gone;
 };
 
 /* errors.c */

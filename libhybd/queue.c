@@ -782,9 +782,8 @@ void *hybd__worker(void *arg)
 	}
 	worker_report(q, 1);
 
+	/* -ENODEV: the device is gone, a normal end (hybd__worker_stopped) */
 	err = q->event_mode ? worker_loop_poll(q) : worker_loop_wait(q);
-	if (err == -ENODEV)	/* the device is gone: a normal end */
-		err = 0;
 
 	pool_stop(q);
 	if (drv->queue_exit)

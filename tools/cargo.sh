@@ -12,7 +12,7 @@
 #
 # cargo is the one on PATH, else rustup's (~/.cargo/bin), else Debian's
 # cargo-web (/usr/bin/cargo), which `make deps` installs when there is no
-# toolchain new enough (Rust >= 1.74; Debian 12's own cargo is 1.65).
+# toolchain new enough (Rust >= 1.81; Debian 12's own cargo is 1.65).
 set -eu
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 CACHE=${HYBD_CACHE:-/var/cache/hybd}
@@ -32,7 +32,7 @@ for c in "${HOME:-/root}/.cargo/bin/cargo" /usr/bin/cargo; do
 	[ -n "$cargo" ] || { [ -x "$c" ] && cargo=$c; } || true
 done
 if [ -z "$cargo" ]; then
-	echo "cargo.sh: no cargo: run 'make deps' (Debian's cargo-web), or install Rust >= 1.74 (https://rustup.rs)" >&2
+	echo "cargo.sh: no cargo: run 'make deps' (Debian's cargo-web), or install Rust >= 1.81 (https://rustup.rs)" >&2
 	exit 1
 fi
 cd "$REPO/rust"

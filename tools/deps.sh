@@ -4,7 +4,7 @@
 #   tools/deps.sh            what building and running hybd need on this
 #                            host (`make deps`): compiler, kernel headers,
 #                            clang, libbpf >= 1.4, bpftool, pahole, pkg-config,
-#                            Rust >= 1.74 (Debian's cargo-web unless a
+#                            Rust >= 1.81 (Debian's cargo-web unless a
 #                            toolchain is there)
 #   tools/deps.sh --guest    that, plus what the test guest needs (`make
 #                            guest-deps`, run by make test, bench, demo): the
@@ -67,7 +67,7 @@ deps: libbpf-dev $1 is too old: hybd needs libbpf >= $LIBBPF_MIN (loading a
 EOF
 }
 
-RUST_MIN=1.74
+RUST_MIN=1.81
 rust_ok() {
 	for c in "$(command -v cargo || true)" "${HOME:-/root}/.cargo/bin/cargo" /usr/bin/cargo; do
 		[ -n "$c" ] && [ -x "$c" ] || continue

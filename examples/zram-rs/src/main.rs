@@ -141,17 +141,21 @@ impl Handler for Zram {
 
     fn write(&self, req: Request) {
         let (first, _) = Self::blocks(&req);
-        for (i, chunk) in req.buf().chunks_exact(BLOCK).enumerate() {
-            if self.store.write(first + i as u64, chunk).is_err() {
-                if !self.full_said.swap(true, Ordering::Relaxed) {
-                    eprintln!(
-                        "zram-rs: the memory limit ({} bytes of compressed data) is reached: \
-                         writes that need more fail with ENOSPC (discard frees)",
-                        self.store.stats().mem_limit
-                    );
-                }
-                return req.complete(Err(Errno::ENOSPC));
+        let stored = {
+            let data = req.buf();
+            data.chunks_exact(BLOCK)
+                .enumerate()
+                .all(|(i, chunk)| self.store.write(first + i as u64, chunk).is_ok())
+        };
+        if !stored {
+            if !self.full_said.swap(true, Ordering::Relaxed) {
+                eprintln!(
+                    "zram-rs: the memory limit ({} bytes of compressed data) is reached: \
+                     writes that need more fail with ENOSPC (discard frees)",
+                    self.store.stats().mem_limit
+                );
             }
+            return req.complete(Err(Errno::ENOSPC));
         }
         req.complete(Ok(()));
     }
@@ -208,21 +212,11 @@ fn write_stats(store: &Store, path: &PathBuf) {
 }
 
 /// Swap on this device must not wait for itself: its memory stays in RAM
-/// (it would otherwise be swapped out to itself), and its threads, which
-/// inherit the flag, allocate as an I/O flusher does (no reclaim through
-/// I/O, PR_SET_IO_FLUSHER).  Both need privileges; without them swap on
-/// the device may deadlock under memory pressure, which is said.
+/// and its threads allocate as I/O flushers (hybd::keep_off_swap()).
+/// Without the privileges for that, say that it must not carry swap.
 fn keep_off_swap() {
-    // SAFETY: plain system calls without pointers.
-    let locked = unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE) } == 0;
-    const PR_SET_IO_FLUSHER: libc::c_int = 57;
-    // SAFETY: as above.
-    let flusher = unsafe { libc::prctl(PR_SET_IO_FLUSHER, 1, 0, 0, 0) } == 0;
-    if !locked || !flusher {
-        eprintln!(
-            "zram-rs: {}: do not use this device as swap (it could wait for itself)",
-            if locked { "not an I/O flusher (PR_SET_IO_FLUSHER needs CAP_SYS_RESOURCE)" } else { "memory not locked (mlockall)" }
-        );
+    if let Err(e) = hybd::keep_off_swap() {
+        eprintln!("zram-rs: {e}: do not use this device as swap (it could wait for itself)");
     }
 }
 
@@ -316,7 +310,7 @@ impl Handler for Shared {
             *self.0.stats_thread.lock().unwrap() = Some(std::thread::spawn(move || {
                 while !z.stop.load(Ordering::Relaxed) {
                     write_stats(&z.store, &path);
-                    std::thread::sleep(Duration::from_millis(200));
+                    std::thread::sleep(Duration::from_secs(1));
                 }
                 write_stats(&z.store, &path);
             }));

@@ -23,7 +23,7 @@ impl Handler for Ram {
 
     fn write(&self, req: Request) {
         let at = req.offset() as usize;
-        self.0.lock().unwrap()[at..at + req.len()].copy_from_slice(req.buf());
+        self.0.lock().unwrap()[at..at + req.len()].copy_from_slice(&req.buf());
         req.complete(Ok(()));
     }
 

@@ -155,8 +155,15 @@ impl Map<'_> {
         }
     }
 
+    /// The key and value sizes of a map whose lookups copy one value.
+    /// Per-CPU maps copy one per possible CPU: refused (EOPNOTSUPP).
     fn sizes(&self) -> std::result::Result<(usize, usize), Errno> {
         let info = map_info(self.fd())?;
+        // BPF_MAP_TYPE_PERCPU_HASH, _PERCPU_ARRAY, _LRU_PERCPU_HASH,
+        // _PERCPU_CGROUP_STORAGE
+        if matches!(info.type_, 5 | 6 | 10 | 21) {
+            return Err(Errno::EOPNOTSUPP);
+        }
         Ok((info.key_size as usize, info.value_size as usize))
     }
 
@@ -185,6 +192,10 @@ impl Map<'_> {
 
     /// Remove `key` (hash maps).
     pub fn delete(&self, key: &[u8]) -> std::result::Result<(), Errno> {
+        let (ks, _) = self.sizes()?;
+        if key.len() != ks {
+            return Err(Errno::EINVAL);
+        }
         self.elem(BPF_MAP_DELETE_ELEM, key, std::ptr::null_mut(), 0)
     }
 
@@ -202,6 +213,12 @@ impl Map<'_> {
     /// `HYBD_BLOCK_BITMAP`, say), shared with the program: change them with
     /// atomics.  The mapping keeps the map alive.
     pub fn mmap_words(&self) -> Result<MappedWords> {
+        // BPF_F_RDONLY_PROG: the program may not write it, and libhybd
+        // maps it read-only: atomics on it would fault
+        let info = map_info(self.fd()).map_err(|e| Error::new(e, "not a BPF map"))?;
+        if info.map_flags & (1 << 7) != 0 {
+            return Err(Error::new(Errno::EINVAL, "a map the program only reads (BPF_F_RDONLY_PROG) is mapped read-only: no words to change"));
+        }
         let mut bytes = 0usize;
         // SAFETY: bytes receives the length; NULL or a fresh mapping.
         let p = unsafe { sys::hybd_bpf_map_mmap(self.fd(), &mut bytes) };

@@ -5,7 +5,7 @@ use std::os::fd::AsRawFd;
 use std::os::raw::{c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use hybd_sys as sys;
 
@@ -297,7 +297,7 @@ impl Builder {
             r: DeviceRef { dev },
             inner: Some(inner),
             started: AtomicBool::new(false),
-            stopped: AtomicBool::new(false),
+            life: Mutex::new(()),
         })
     }
 
@@ -340,8 +340,13 @@ unsafe fn inner<'a, H: Handler>(p: *mut c_void) -> &'a Inner<H> {
 
 fn guarded(what: &str, f: impl FnOnce()) {
     if catch_unwind(AssertUnwindSafe(f)).is_err() {
-        eprintln!("hybd: the {what} handler panicked; its request fails with EIO");
+        crate::say(format_args!("the {what} handler panicked; its request fails with EIO"));
     }
+}
+
+/// A handler's errno as libhybd takes it: negative, never 0.
+fn neg(e: Errno) -> c_int {
+    -(e.0.unsigned_abs().clamp(1, 4095) as c_int)
 }
 
 /// Hand `io` to `call` as a Request; the completion is the Request's, so
@@ -398,9 +403,9 @@ unsafe extern "C" fn t_queue_init<H: Handler>(q: *mut sys::hybd_queue) -> c_int 
     let r = catch_unwind(AssertUnwindSafe(|| inner.handler.queue_init(&queue)));
     let ret = match r {
         Ok(Ok(())) => return 0,
-        Ok(Err(e)) => -e.0.abs().max(1),
+        Ok(Err(e)) => neg(e),
         Err(_) => {
-            eprintln!("hybd: queue_init panicked (queue {})", queue.index());
+            crate::say(format_args!("queue_init panicked (queue {})", queue.index()));
             -libc::EIO
         }
     };
@@ -431,7 +436,7 @@ unsafe extern "C" fn t_resize<H: Handler>(dev: *mut sys::hybd_dev, size: u64) ->
     let inner = unsafe { inner::<H>(sys::hybd_dev_priv(dev)) };
     match catch_unwind(AssertUnwindSafe(|| inner.handler.resize(size))) {
         Ok(Ok(())) => 0,
-        Ok(Err(e)) => -e.0.abs().max(1),
+        Ok(Err(e)) => neg(e),
         Err(_) => -libc::EIO,
     }
 }
@@ -539,7 +544,8 @@ pub struct Device<H: Handler> {
     r: DeviceRef,
     inner: Option<Arc<Inner<H>>>,
     started: AtomicBool,
-    stopped: AtomicBool,
+    /// start and stop, one at a time (libhybd's are not safe to race)
+    life: Mutex<()>,
 }
 
 impl<H: Handler> std::ops::Deref for Device<H> {
@@ -557,7 +563,8 @@ impl<H: Handler> Device<H> {
 
     /// Start the workers, then `/dev/hybdN` (once).
     pub fn start(&self) -> Result<()> {
-        // SAFETY: dev is valid.
+        let _life = self.life.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: dev is valid; start and stop do not race (life).
         check(unsafe { sys::hybd_dev_start(self.r.dev) })?;
         self.started.store(true, Ordering::Release);
         Ok(())
@@ -565,9 +572,16 @@ impl<H: Handler> Device<H> {
 
     /// Stop and join the workers; requests wait until the delete.
     pub fn stop(&self) -> Result<()> {
-        self.stopped.store(true, Ordering::Release);
-        // SAFETY: dev is valid.
+        let _life = self.life.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: dev is valid; start and stop do not race (life).
         check(unsafe { sys::hybd_dev_stop(self.r.dev) }).map(drop)
+    }
+
+    /// Whether the workers serve the device (they stop when it is
+    /// deleted, stopped, handed over, or on an error).
+    pub fn serving(&self) -> bool {
+        // SAFETY: dev is valid.
+        unsafe { sys::hybd_dev_serving(self.r.dev) != 0 }
     }
 
     /// Wait until every worker exited: the device was deleted from
@@ -593,30 +607,30 @@ impl<H: Handler> Device<H> {
 
     fn delete_inner(&mut self) -> Result<()> {
         let Some(inner) = self.inner.take() else { return Ok(()) };
-        let served = self.started.load(Ordering::Acquire)
-            && !self.stopped.load(Ordering::Acquire)
-            && !self.r.handed_over();
-        if served {
-            // graceful: completions must reach libhybd while it drains
-            // SAFETY: plain control call.
+        let started = self.started.load(Ordering::Acquire);
+        // SAFETY (both calls): dev is valid until hybd_dev_delete().
+        if started && self.serving() && !self.r.handed_over() {
+            // graceful: the kernel drains through the workers, and the
+            // handlers' completions must reach libhybd meanwhile.  The
+            // workers serve, so the id is still this device's.
             let ret = unsafe { sys::hybd_ctl_del(self.r.id()) };
             if ret < 0 && ret != -libc::ENODEV && ret != -libc::ENOENT {
                 self.inner = Some(inner);
                 return Err(Error::from_lib(ret));
             }
-            // the workers end with the device: no handler runs after this
-            // SAFETY: dev is valid.
+        }
+        if started {
+            // the workers end: the device is gone, they were stopped, or
+            // they hand over once the requests their handlers hold are
+            // completed (which still reach libhybd here)
             unsafe { sys::hybd_dev_wait(self.r.dev) };
         }
-        let ret = {
-            let mut live = inner.shared.live.write().unwrap_or_else(|e| e.into_inner());
-            *live = false;
-            // SAFETY: no completion can reach libhybd from here (live is
-            // false under the lock), and no worker runs a handler; dev is
-            // freed, so it is not used again.
-            unsafe { sys::hybd_dev_delete(self.r.dev) }
-        };
-        self.r.dev = std::ptr::null_mut();
+        // from here no request touches libhybd's side of the device
+        inner.shared.close();
+        let dev = std::mem::replace(&mut self.r.dev, std::ptr::null_mut());
+        // SAFETY: no worker runs, no completion can come (closed); dev is
+        // freed in every case and not used again.
+        let ret = unsafe { sys::hybd_dev_delete(dev) };
         drop(inner);
         check(ret).map(drop)
     }
@@ -624,9 +638,14 @@ impl<H: Handler> Device<H> {
 
 impl<H: Handler> Drop for Device<H> {
     fn drop(&mut self) {
+        if self.r.dev.is_null() {
+            return;
+        }
+        let path = self.r.path();
         if let Err(e) = self.delete_inner() {
-            eprintln!("hybd: deleting {} failed: {e}", self.r.path());
-            // the workers may still call the handler: it must stay
+            crate::say(format_args!("deleting {path} failed: {e}"));
+            // not deleted: the workers may still call the handler, which
+            // must stay (a leak, not a use after free)
             if let Some(inner) = self.inner.take() {
                 std::mem::forget(inner);
             }

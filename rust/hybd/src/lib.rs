@@ -52,4 +52,32 @@ pub use device::{Builder, Device, DeviceRef, Handler, Ops};
 pub use error::{Errno, Error, Result};
 pub use hybd_sys as sys;
 pub use queue::Queue;
-pub use request::{IoFlags, Op, Request};
+pub use request::{Buf, BufMut, IoFlags, Op, Request};
+
+/// A line on stderr that cannot panic (a closed stderr is ignored): for
+/// the trampolines, which must not unwind into C.
+pub(crate) fn say(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "hybd: {args}");
+}
+
+/// Keep this process off the swap it may serve: lock its memory
+/// (`mlockall`, current and future: it would otherwise be swapped out to
+/// itself) and make its threads, which inherit it, I/O flushers
+/// (`PR_SET_IO_FLUSHER`: no reclaim through I/O while they allocate).
+/// Call it before creating the device.  Both need privileges
+/// (CAP_IPC_LOCK or a large enough RLIMIT_MEMLOCK, CAP_SYS_RESOURCE); the
+/// error says which failed, and a device whose server could not do both
+/// must not carry swap.
+pub fn keep_off_swap() -> Result<()> {
+    // SAFETY: plain system call without pointers.
+    if unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE) } != 0 {
+        return Err(Error::new(Errno::last(), "mlockall (memory not locked)"));
+    }
+    const PR_SET_IO_FLUSHER: libc::c_int = 57;
+    // SAFETY: as above.
+    if unsafe { libc::prctl(PR_SET_IO_FLUSHER, 1, 0, 0, 0) } != 0 {
+        return Err(Error::new(Errno::last(), "PR_SET_IO_FLUSHER (not an I/O flusher)"));
+    }
+    Ok(())
+}

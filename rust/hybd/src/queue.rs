@@ -135,7 +135,7 @@ unsafe extern "C" fn on_ready(q: *mut sys::hybd_queue, _fd: c_int, revents: c_ui
     let w = unsafe { &mut *(arg as *mut Watch) };
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (w.cb)(&queue, revents)));
     if r.is_err() {
-        eprintln!("hybd: a watched fd's callback panicked (queue {})", queue.index());
+        crate::say(format_args!("a watched fd's callback panicked (queue {})", queue.index()));
     }
 }
 

@@ -1,8 +1,8 @@
 //! One request handed to a handler, and its completion.
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use hybd_sys as sys;
 
@@ -47,17 +47,47 @@ impl IoFlags {
 }
 
 /// What every request of a device shares with the device: whether
-/// libhybd's side of it still exists, so that a completion never reaches
-/// freed memory.  Completions hold the lock shared; the device takes it
-/// exclusively to free libhybd's side.
+/// libhybd's side of it still exists.  A request that touches libhybd's
+/// memory (its buffer, its completion) first enters (`users` + 1, then
+/// `live` read); the device, to free its side, clears `live` and waits
+/// until no user is left.  Nothing ever waits for the device, so a thread
+/// that holds one request's buffer while completing another cannot
+/// deadlock against a delete.
 pub(crate) struct Shared {
-    pub(crate) live: RwLock<bool>,
+    live: AtomicBool,
+    users: AtomicUsize,
     pub(crate) dropped: AtomicU64,
+}
+
+pub(crate) struct Entered<'a>(&'a Shared);
+
+impl Drop for Entered<'_> {
+    fn drop(&mut self) {
+        self.0.users.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Shared {
     pub(crate) fn new() -> Arc<Shared> {
-        Arc::new(Shared { live: RwLock::new(true), dropped: AtomicU64::new(0) })
+        Arc::new(Shared { live: AtomicBool::new(true), users: AtomicUsize::new(0), dropped: AtomicU64::new(0) })
+    }
+
+    /// Some while libhybd's side exists, and until the guard drops.
+    pub(crate) fn enter(&self) -> Option<Entered<'_>> {
+        // SeqCst on both sides: the device's store of live and its load of
+        // users cannot both miss this thread's add and load (Dekker)
+        self.users.fetch_add(1, Ordering::SeqCst);
+        let e = Entered(self);
+        self.live.load(Ordering::SeqCst).then_some(e)
+    }
+
+    /// From now on no request reaches libhybd's side of the device; wait
+    /// for those that are in it.
+    pub(crate) fn close(&self) {
+        self.live.store(false, Ordering::SeqCst);
+        while self.users.load(Ordering::SeqCst) != 0 {
+            std::thread::yield_now();
+        }
     }
 }
 
@@ -66,7 +96,10 @@ impl Shared {
 /// rules out a second completion.  It may be completed in the handler or
 /// later, from any thread or async task (it is `Send`).  One dropped
 /// without a completion fails with EIO and is counted
-/// ([`crate::Device::dropped_requests`]) and reported on stderr.
+/// ([`crate::Device::dropped_requests`]) and reported on stderr.  A
+/// request that outlives its device's delete is harmless: its buffer is
+/// then a private one, and its completion does nothing (libhybd failed
+/// it already).
 ///
 /// ```compile_fail
 /// fn twice(req: hybd::Request) {
@@ -78,30 +111,94 @@ pub struct Request {
     io: NonNull<sys::hybd_io>,
     shared: Arc<Shared>,
     done: bool,
+    op: Op,
+    flags: IoFlags,
+    offset: u64,
+    len: usize,
+    queue: usize,
+    tag: usize,
+    data: *mut u8,
 }
 
 // SAFETY: libhybd's hybd_io_complete() may be called from any thread
-// (hybd.h), and the accessors only read the request's fields, which nobody
-// changes until it is completed; the data buffer belongs to this request
-// alone until then.  Shared is Send + Sync.
+// (hybd.h); the request's fields were copied at creation, and its data
+// buffer belongs to this request alone until it is completed, reached only
+// through &self / &mut self while the device's side exists (Shared).
 unsafe impl Send for Request {}
+
+/// A request's data, readable: the request's buffer in the shared ring,
+/// or, once its device was deleted, zeros of a private copy.
+pub struct Buf<'a> {
+    _in: Option<Entered<'a>>,
+    data: Data<'a>,
+}
+
+/// Where a read's data goes: the request's buffer, or, once its device was
+/// deleted, a private one that nothing reads.
+pub struct BufMut<'a> {
+    _in: Option<Entered<'a>>,
+    data: DataMut<'a>,
+}
+
+enum Data<'a> {
+    Ring(&'a [u8]),
+    Gone(Vec<u8>),
+}
+
+enum DataMut<'a> {
+    Ring(&'a mut [u8]),
+    Gone(Vec<u8>),
+}
+
+impl std::ops::Deref for Buf<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match &self.data {
+            Data::Ring(s) => s,
+            Data::Gone(v) => v,
+        }
+    }
+}
+
+impl std::ops::Deref for BufMut<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match &self.data {
+            DataMut::Ring(s) => s,
+            DataMut::Gone(v) => v,
+        }
+    }
+}
+
+impl std::ops::DerefMut for BufMut<'_> {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match &mut self.data {
+            DataMut::Ring(s) => s,
+            DataMut::Gone(v) => v,
+        }
+    }
+}
 
 impl Request {
     /// # Safety
-    /// `io` is a request libhybd handed to a handler, not yet completed,
-    /// of the device that `shared` belongs to.
+    /// `io` is a request libhybd hands to a handler now, not yet
+    /// completed, of the device that `shared` belongs to.
     pub(crate) unsafe fn new(io: *mut sys::hybd_io, shared: Arc<Shared>) -> Request {
-        Request { io: NonNull::new(io).expect("libhybd passed a NULL request"), shared, done: false }
-    }
-
-    fn raw(&self) -> *const sys::hybd_io {
-        self.io.as_ptr()
-    }
-
-    /// The operation.
-    pub fn op(&self) -> Op {
-        // SAFETY: the request is open (not completed) while self exists.
-        match unsafe { sys::hybd_io_op(self.raw()) } {
+        let io = NonNull::new(io).expect("libhybd passed a NULL request");
+        let p = io.as_ptr();
+        // SAFETY: the request is valid during the handler call (caller).
+        let (op, flags, offset, len, queue, tag, data) = unsafe {
+            (
+                sys::hybd_io_op(p),
+                sys::hybd_io_flags(p),
+                sys::hybd_io_offset(p),
+                sys::hybd_io_len(p) as usize,
+                sys::hybd_io_queue(p) as usize,
+                sys::hybd_io_tag(p) as usize,
+                sys::hybd_io_buf(p) as *mut u8,
+            )
+        };
+        let op = match op {
             sys::HYBD_OP_READ => Op::Read,
             sys::HYBD_OP_WRITE => Op::Write,
             sys::HYBD_OP_FLUSH => Op::Flush,
@@ -109,67 +206,73 @@ impl Request {
             sys::HYBD_OP_WRITE_ZEROES => Op::WriteZeroes,
             // libhybd fails unknown operations before any handler
             other => unreachable!("libhybd handed over operation {other}"),
-        }
+        };
+        Request { io, shared, done: false, op, flags: IoFlags(flags), offset, len, queue, tag, data }
+    }
+
+    /// The operation.
+    pub fn op(&self) -> Op {
+        self.op
     }
 
     /// The byte offset on the device.
     pub fn offset(&self) -> u64 {
-        // SAFETY: as in op().
-        unsafe { sys::hybd_io_offset(self.raw()) }
+        self.offset
     }
 
     /// The length in bytes (0 for a flush).  libhybd has checked that
     /// `offset..offset + len` lies on the device.
     pub fn len(&self) -> usize {
-        // SAFETY: as in op().
-        unsafe { sys::hybd_io_len(self.raw()) as usize }
+        self.len
     }
 
     /// Whether the request has no data (a flush).
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.len == 0
     }
 
     /// Its flags.
     pub fn flags(&self) -> IoFlags {
-        // SAFETY: as in op().
-        IoFlags(unsafe { sys::hybd_io_flags(self.raw()) })
+        self.flags
     }
 
     /// The hardware queue it came on, `0..nr_queues`.
     pub fn queue(&self) -> usize {
-        // SAFETY: as in op().
-        unsafe { sys::hybd_io_queue(self.raw()) as usize }
+        self.queue
     }
 
     /// Its tag, unique within its queue while it is open.
     pub fn tag(&self) -> usize {
-        // SAFETY: as in op().
-        unsafe { sys::hybd_io_tag(self.raw()) as usize }
-    }
-
-    fn data(&self) -> Option<(*mut u8, usize)> {
-        // SAFETY: as in op(); the buffer is NULL for operations without data.
-        let p = unsafe { sys::hybd_io_buf(self.raw()) } as *mut u8;
-        (!p.is_null()).then(|| (p, self.len()))
+        self.tag
     }
 
     /// A write's data (empty for operations without data).
-    pub fn buf(&self) -> &[u8] {
-        match self.data() {
-            // SAFETY: the buffer is the request's own in the shared ring,
-            // len bytes, valid until completion, which needs self by value.
-            Some((p, n)) => unsafe { std::slice::from_raw_parts(p, n) },
-            None => &[],
+    pub fn buf(&self) -> Buf<'_> {
+        if self.data.is_null() {
+            return Buf { _in: None, data: Data::Ring(&[]) };
+        }
+        match self.shared.enter() {
+            // SAFETY: the request's own len bytes in the shared ring,
+            // mapped while the device's side exists, which the guard
+            // keeps; completion needs self by value, so no completion
+            // ends it meanwhile.
+            Some(e) => Buf { _in: Some(e), data: Data::Ring(unsafe { std::slice::from_raw_parts(self.data, self.len) }) },
+            None => Buf { _in: None, data: Data::Gone(vec![0; self.len]) },
         }
     }
 
     /// Where a read's data goes (empty for operations without data).
-    pub fn buf_mut(&mut self) -> &mut [u8] {
-        match self.data() {
+    pub fn buf_mut(&mut self) -> BufMut<'_> {
+        if self.data.is_null() {
+            return BufMut { _in: None, data: DataMut::Ring(&mut []) };
+        }
+        match self.shared.enter() {
             // SAFETY: as in buf(); &mut self makes this the only view.
-            Some((p, n)) => unsafe { std::slice::from_raw_parts_mut(p, n) },
-            None => &mut [],
+            Some(e) => BufMut {
+                _in: Some(e),
+                data: DataMut::Ring(unsafe { std::slice::from_raw_parts_mut(self.data, self.len) }),
+            },
+            None => BufMut { _in: None, data: DataMut::Gone(vec![0; self.len]) },
         }
     }
 
@@ -178,30 +281,25 @@ impl Request {
     /// others become EIO).  After the device was deleted this does nothing:
     /// libhybd failed the request already.
     pub fn complete(mut self, result: Result<(), Errno>) {
-        self.finish(match result {
+        let r = match result {
             Ok(()) => 0,
-            Err(e) => -e.0.abs().max(1),
-        }, false);
+            Err(e) => -(e.0.unsigned_abs().clamp(1, 4095) as i32),
+        };
+        self.finish(r, false);
     }
 
     fn finish(&mut self, result: i32, first_drop: bool) {
         self.done = true;
-        let live = self.shared.live.read().unwrap_or_else(|e| e.into_inner());
-        if !*live {
-            return;
-        }
+        let Some(_in) = self.shared.enter() else { return };
         if first_drop {
-            eprintln!(
-                "hybd: a request ({:?} of {} bytes at {}) was dropped without a completion: \
+            crate::say(format_args!(
+                "a request ({:?} of {} bytes at {}) was dropped without a completion: \
                  it fails with EIO (further drops are only counted)",
-                self.op(),
-                self.len(),
-                self.offset()
-            );
+                self.op, self.len, self.offset
+            ));
         }
         // SAFETY: the request is open and its device's libhybd side exists
-        // while `live` is held true (Device frees it only under the write
-        // lock); done is set, so this is the only completion.
+        // while entered; done is set, so this is the only completion.
         unsafe { sys::hybd_io_complete(self.io.as_ptr(), result) };
     }
 }
@@ -224,5 +322,30 @@ impl std::fmt::Debug for Request {
             .field("queue", &self.queue())
             .field("tag", &self.tag())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn close_waits_for_those_inside_and_shuts_out_the_rest() {
+        let s = Shared::new();
+        let inside = s.enter().expect("live");
+        let nested = s.enter().expect("entering twice never waits");
+        let (s2, t0) = (s.clone(), std::time::Instant::now());
+        let closer = std::thread::spawn(move || {
+            s2.close();
+            t0.elapsed()
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!closer.is_finished(), "close returned with a user inside");
+        drop(nested);
+        drop(inside);
+        assert!(closer.join().unwrap() >= Duration::from_millis(50));
+        assert!(s.enter().is_none(), "entered a closed device");
+        assert_eq!(s.users.load(Ordering::SeqCst), 0);
     }
 }

@@ -45,10 +45,30 @@ fn fd(ret: i32, what: &str) -> Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(ret) })
 }
 
+/// systemd's Type=notify: READY=1 to $NOTIFY_SOCKET, as hybd_run() does.
+fn notify_ready() {
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else { return };
+    let Ok(sock) = std::os::unix::net::UnixDatagram::unbound() else { return };
+    let bytes = path.as_encoded_bytes();
+    let sent = if let Some(abstract_name) = bytes.strip_prefix(b"@") {
+        use std::os::linux::net::SocketAddrExt;
+        std::os::unix::net::SocketAddr::from_abstract_name(abstract_name)
+            .and_then(|a| sock.send_to_addr(b"READY=1", &a))
+    } else {
+        sock.send_to(b"READY=1", &path)
+    };
+    if let Err(e) = sent {
+        crate::say(format_args!("NOTIFY_SOCKET: {e}"));
+    }
+}
+
 pub(crate) fn run<H: Handler>(b: Builder, handler: H) -> Result<()> {
     let blocked = Blocked::new();
     // SAFETY: the set is initialised; a new fd is returned or -1.
-    let sigfd = fd(unsafe { libc::signalfd(-1, &blocked.set, libc::SFD_CLOEXEC) }, "signalfd")?;
+    let sigfd = fd(
+        unsafe { libc::signalfd(-1, &blocked.set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK) },
+        "signalfd",
+    )?;
     // SAFETY: plain system call.
     let done = fd(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) }, "eventfd")?;
 
@@ -58,6 +78,7 @@ pub(crate) fn run<H: Handler>(b: Builder, handler: H) -> Result<()> {
         .map_err(|e| Error::new(e, "the prepare hook failed"))?;
     dev.start()?;
     dev.handler().ready(&dev);
+    notify_ready();
 
     let waited = std::thread::scope(|s| {
         let waiter = s.spawn(|| {
@@ -75,7 +96,13 @@ pub(crate) fn run<H: Handler>(b: Builder, handler: H) -> Result<()> {
             // SAFETY: fds is a live array of two pollfds.
             let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
             if n < 0 {
-                continue; // EINTR: nothing else is expected
+                if Errno::last().0 == libc::EINTR {
+                    continue;
+                }
+                // cannot wait for a signal: ask for the delete now
+                // SAFETY: plain control call (the workers serve: our id).
+                unsafe { hybd_sys::hybd_ctl_del(dev.id()) };
+                break;
             }
             if fds[1].revents != 0 {
                 break;
@@ -93,6 +120,11 @@ pub(crate) fn run<H: Handler>(b: Builder, handler: H) -> Result<()> {
         waiter.join().unwrap_or_else(|_| Err(Error::new(Errno::EIO, "the waiter panicked")))
     });
     let deleted = dev.delete();
+    // a SIGINT or SIGTERM that came during the delete is consumed here,
+    // not delivered (and fatal) once the mask is restored
+    let mut info = [0u8; 128];
+    // SAFETY: non-blocking reads of at most 128 bytes into the buffer.
+    while unsafe { libc::read(sigfd.as_raw_fd(), info.as_mut_ptr() as *mut _, info.len()) } > 0 {}
     drop(blocked);
     waited.and(deleted)
 }
