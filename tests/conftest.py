@@ -12,6 +12,7 @@ tools/vm-run boots, with kmod/hybd.ko loaded.
 """
 
 import os
+import shutil
 import signal
 import stat
 from pathlib import Path
@@ -61,6 +62,19 @@ def _children_report():
             out.append(f"pid {pid} ({hybdlib.state_of(pid)}): "
                        f"{cmd.decode(errors='replace')}\n{hybdlib.stack_of(pid)}")
     return "\n".join(out) or "(no child processes)"
+
+
+@pytest.fixture(autouse=True)
+def tmp_path_freed(request):
+    """A test's tmp_path goes with the test.  pytest keeps every test's
+    directory until the session ends, and the guest's /tmp is a tmpfs in
+    its memory: the files a run's tests write (disk images filled by fio)
+    added up until the debug kernel's guest, with less memory to spare,
+    ran out of space for the later tests.  Torn down last (autouse, set up
+    first), after the test's own fixtures let go of its files."""
+    yield
+    if "tmp_path" in request.fixturenames:
+        shutil.rmtree(request.getfixturevalue("tmp_path"), ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

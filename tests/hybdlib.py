@@ -49,6 +49,8 @@ KMOD = os.environ.get("HYBD_KMOD", str(REPO / "kmod" / "hybd.ko"))
 # verifies a BPF program several times slower, more so on a loaded host:
 # there they are 3 times as long.
 _SLOW = 3 if "hybd-debug" in os.uname().release else 1
+# the factor itself, for a test's own time_limit
+SLOW = _SLOW
 T_CMD = 60 * _SLOW      # a control command (hybdctl attach, rmmod, ...)
 T_READY = 60 * _SLOW    # a server printing its ready line
 T_STOP = 60 * _SLOW     # a server exiting after SIGTERM

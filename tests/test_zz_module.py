@@ -16,7 +16,7 @@ import pytest
 
 import hybd_uapi as uapi
 import hybdbpf
-from hybdlib import (CONTROL, KMOD, RAMDISK, T_CMD, Server, add_device,
+from hybdlib import (SLOW, CONTROL, KMOD, RAMDISK, T_CMD, Server, add_device,
                      assert_data, direct_write, info, list_devices, need_built,
                      pattern, run, wait_for)
 
@@ -339,7 +339,7 @@ def kmemleak_hybd(ranges):
     return out
 
 
-@pytest.mark.time_limit(900)
+@pytest.mark.time_limit(900 * SLOW)
 def test_load_unload_loop_leaks_no_memory(keep_loaded):
     """100 times: insmod, a ramdisk and an added device, verified I/O
     (every BPF_EVERY-th time through the cache program, attached and
