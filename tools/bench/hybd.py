@@ -150,7 +150,7 @@ class Ramdisk:
 
 def zram_rs_compression(path, since):
     """zram-rs's --stats FILE as compression() has it, once rewritten after
-    @since (time.time()): it rewrites it five times a second."""
+    @since (time.time()): it rewrites it once a second."""
     def fresh():
         try:
             return os.stat(path).st_mtime > since

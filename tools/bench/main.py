@@ -96,6 +96,17 @@ def parse_args():
                     help="measure nothing: print the report of an earlier "
                          "run again, write its bench.md and draw its "
                          "bench.png (what tools/vm-run does on the host)")
+    ap.add_argument("--docs", metavar="MD", action="append", default=[],
+                    help="with --report: write the report's tables between "
+                         "MD's '<!-- bench tables: begin -->' and '<!-- "
+                         "bench tables: end -->' (docs/benchmarks.md); "
+                         "given with --also, each run's tables in turn")
+    ap.add_argument("--also", metavar="BENCH_JSON", action="append",
+                    default=[],
+                    help="with --report --docs: a later run of some lines "
+                         "(--only), whose tables follow the main run's: "
+                         "each table is one run's, never a mix of two "
+                         "boots")
     ap.add_argument("--host-meta", metavar="JSON",
                     help="with --report: what the host recorded (its load, "
                          "other guests), merged into bench.json's meta")
@@ -128,7 +139,8 @@ def parse_args():
 def main():
     args = parse_args()
     if args.report:
-        return report(args.report, args.host_meta)
+        return report(args.report, args.host_meta, docs=args.docs,
+                      also=args.also)
     if os.geteuid() != 0:
         say("must run as root (tools/vm-run bench runs it in a guest)")
         return 2

@@ -507,10 +507,46 @@ def plot(path, doc, title):
     return True
 
 
-def report(path, host_meta=None):
+BEGIN, END = "<!-- bench tables: begin -->", "<!-- bench tables: end -->"
+
+
+def rescored(path):
+    """A bench.json, its summary and targets by this version's rules."""
+    doc = json.loads(Path(path).read_text())
+    doc["summary"] = {k: summarize(e) for k, e in doc["lines"].items()
+                      if ok_runs(e, "qd1")}
+    doc["targets"] = evaluate_targets(doc, doc["summary"])
+    return doc
+
+
+def write_docs(md_path, docs):
+    """Replace what lies between MD's markers with each run's tables, the
+    first run's, then each later one's under its own heading: a table is
+    always one boot's rounds."""
+    md_path = Path(md_path)
+    text = md_path.read_text()
+    a, b = text.find(BEGIN), text.find(END)
+    if a < 0 or b < a:
+        raise SystemExit(f"{md_path}: no '{BEGIN}' ... '{END}' markers")
+    parts = [markdown(docs[0])]
+    for d in docs[1:]:
+        lines = ", ".join(f"`{k}`" for k in d["lines"])
+        parts.append("### A later run of some lines (`--only`)\n\n"
+                     f"Lines {lines}, measured in a boot of their own: "
+                     "each table below holds this run's rounds alone, and "
+                     "a ratio is never taken across the two runs.\n\n"
+                     + markdown(d))
+    body = "\n\n".join(parts)
+    md_path.write_text(text[:a + len(BEGIN)] + "\n\n" + body + "\n" +
+                       text[b:])
+    say(f"tables written into {md_path}")
+
+
+def report(path, host_meta=None, docs=(), also=()):
     """--report: on the host, after the guest's run: merge what the host
     saw (its load, other guests) into bench.json, print the report again,
-    write bench.md and draw bench.png next to it."""
+    write bench.md and draw bench.png next to it; with docs, the tables
+    into those files' markers (with also: later runs' after them)."""
     path = Path(path)
     doc = json.loads(path.read_text())
     # from the rounds, by this version's rules (a run of an older one may
@@ -528,6 +564,8 @@ def report(path, host_meta=None):
     md = path.with_suffix(".md")
     md.write_text(markdown(doc) + "\n")
     say(f"Markdown tables: {md}")
+    for target in docs:
+        write_docs(target, [doc] + [rescored(p) for p in also])
     title = (f"hybd bench: 4 KiB random read QD1, {doc['meta']['kernel']}, "
              f"{doc['meta'].get('accel') or 'accel ?'}, medians of "
              f"{doc['config']['samples']} rounds, {doc['meta'].get('git')}")
