@@ -73,8 +73,11 @@ def tmp_path_freed(request):
     ran out of space for the later tests.  Torn down last (autouse, set up
     first), after the test's own fixtures let go of its files."""
     yield
-    if "tmp_path" in request.fixturenames:
-        shutil.rmtree(request.getfixturevalue("tmp_path"), ignore_errors=True)
+    # the value the test got, if it asked for one (funcargs: no fixture
+    # is requested here, where tmp_path is finalized already)
+    path = request.node.funcargs.get("tmp_path")
+    if path is not None:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
