@@ -45,8 +45,11 @@ GUEST_PKGS="linux-image-6.12-amd64 linux-headers-6.12-amd64 qemu-system-x86 \
 busybox-static fio nbdkit nbd-client iproute2 util-linux e2fsprogs llvm-14 cryptsetup-bin dmsetup debootstrap \
 python3-pytest python3-matplotlib python3-venv pipx"
 # from bookworm-backports: bookworm's libbpf 1.1 cannot load struct_ops
-# of a module's type
-BACKPORTS_PKGS="libbpf-dev bpftool"
+# of a module's type.  libdw1 with them: libbpf-dev brings backports'
+# libelf1, and bookworm's libdw1 (which dwarves and the headers need)
+# pins bookworm's libelf1, so apt refuses the second install on a fresh
+# machine ("held broken packages")
+BACKPORTS_PKGS="libbpf-dev bpftool libdw1"
 LIBBPF_MIN=1.4
 
 # libbpf-dev's Debian version (epoch and revision included) is enough?
