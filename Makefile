@@ -143,6 +143,9 @@ unit: lib bpf examples rust
 	$(Q)if ./tools/cargo.sh clippy --version >/dev/null 2>&1; then \
 		./tools/cargo.sh clippy --workspace --all-targets --release $(if $(Q),--quiet) -- -D warnings; \
 	else echo "unit: no clippy with this cargo (Debian's cargo-web has none; rustup's has): not run"; fi
+	$(Q)if ./tools/cargo.sh fmt --version >/dev/null 2>&1; then \
+		./tools/cargo.sh fmt --check; \
+	else echo "unit: no rustfmt with this cargo: the Rust layout is not checked"; fi
 	$(Q)$(MAKE) -C man check check-examples
 	$(Q)$(MAKE) -C tests/unit run
 	$(Q)$(MAKE) -C examples/dedup test-store

@@ -65,8 +65,13 @@ fn from_tree() -> Option<Found> {
     }
     link_static(&lib);
     println!("cargo:rerun-if-changed={}", lib.join("hybd.h").display());
-    println!("cargo:rerun-if-changed={}", top.join("include/uapi/hybd.h").display());
-    Some(Found { include: vec![lib, top.join("include")] })
+    println!(
+        "cargo:rerun-if-changed={}",
+        top.join("include/uapi/hybd.h").display()
+    );
+    Some(Found {
+        include: vec![lib, top.join("include")],
+    })
 }
 
 fn from_pkg_config() -> Option<Found> {

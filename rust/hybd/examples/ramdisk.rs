@@ -17,7 +17,8 @@ impl Handler for Ram {
     fn read(&self, mut req: Request) {
         let at = req.offset() as usize;
         let n = req.len();
-        req.buf_mut().copy_from_slice(&self.0.lock().unwrap()[at..at + n]);
+        req.buf_mut()
+            .copy_from_slice(&self.0.lock().unwrap()[at..at + n]);
         req.complete(Ok(()));
     }
 
@@ -39,7 +40,9 @@ impl Handler for Ram {
 }
 
 fn main() {
-    let mib: u64 = std::env::args().nth(1).map_or(64, |s| s.parse().expect("SIZE_MIB"));
+    let mib: u64 = std::env::args()
+        .nth(1)
+        .map_or(64, |s| s.parse().expect("SIZE_MIB"));
     let size = mib << 20;
     if let Err(e) = Builder::new(size).run(Ram(Mutex::new(vec![0; size as usize]))) {
         eprintln!("ramdisk: {e}");

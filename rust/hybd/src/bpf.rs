@@ -15,7 +15,10 @@ fn cstring(s: &str) -> Result<CString> {
 }
 
 fn cpath(p: &Path) -> Result<CString> {
-    cstring(p.to_str().ok_or_else(|| Error::new(Errno::EINVAL, "a path that is not UTF-8"))?)
+    cstring(
+        p.to_str()
+            .ok_or_else(|| Error::new(Errno::EINVAL, "a path that is not UTF-8"))?,
+    )
 }
 
 /// A fast path loaded and attached to a device (`hybd_bpf_attach()`).
@@ -67,7 +70,9 @@ impl FastPath {
         // SAFETY: b is live; the fd stays the handle's.
         let fd = check(unsafe { sys::hybd_bpf_map_fd(self.b, n.as_ptr()) })?;
         // SAFETY: the fd lives as long as the handle, which the Map borrows.
-        Ok(Map { fd: unsafe { BorrowedFd::borrow_raw(fd) } })
+        Ok(Map {
+            fd: unsafe { BorrowedFd::borrow_raw(fd) },
+        })
     }
 }
 
@@ -92,7 +97,9 @@ pub fn open_pinned_map(dev_id: u32, name: &str) -> Result<OwnedMap> {
     // SAFETY: n is a C string for the call.
     let fd = check(unsafe { sys::hybd_bpf_map_open_pinned(dev_id, n.as_ptr()) })?;
     // SAFETY: a new fd of ours.
-    Ok(OwnedMap { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+    Ok(OwnedMap {
+        fd: unsafe { OwnedFd::from_raw_fd(fd) },
+    })
 }
 
 /// A BPF map (borrowed fd).
@@ -109,7 +116,9 @@ pub struct OwnedMap {
 impl OwnedMap {
     /// The map's operations.
     pub fn map(&self) -> Map<'_> {
-        Map { fd: self.fd.as_fd() }
+        Map {
+            fd: self.fd.as_fd(),
+        }
     }
 }
 
@@ -134,7 +143,13 @@ impl Map<'_> {
         self.fd.as_raw_fd()
     }
 
-    fn elem(&self, cmd: libc::c_long, key: &[u8], value: *mut u8, flags: u64) -> std::result::Result<(), Errno> {
+    fn elem(
+        &self,
+        cmd: libc::c_long,
+        key: &[u8],
+        value: *mut u8,
+        flags: u64,
+    ) -> std::result::Result<(), Errno> {
         let attr = ElemAttr {
             map_fd: self.fd() as u32,
             key: key.as_ptr() as u64,
@@ -146,7 +161,12 @@ impl Map<'_> {
         // sizes the callers matched to the map's key and value sizes (the
         // kernel copies exactly those); attr is live for the call.
         let r = unsafe {
-            libc::syscall(libc::SYS_bpf, cmd, &attr as *const ElemAttr, std::mem::size_of::<ElemAttr>())
+            libc::syscall(
+                libc::SYS_bpf,
+                cmd,
+                &attr as *const ElemAttr,
+                std::mem::size_of::<ElemAttr>(),
+            )
         };
         if r < 0 {
             Err(Errno::last())
@@ -203,10 +223,16 @@ impl Map<'_> {
     pub fn fill(&self, first: u32, count: u32, value: &[u8]) -> Result<()> {
         let (_, vs) = self.sizes().map_err(|e| Error::new(e, "not a BPF map"))?;
         if value.len() != vs {
-            return Err(Error::new(Errno::EINVAL, format!("a value of {} bytes for a map of {vs}", value.len())));
+            return Err(Error::new(
+                Errno::EINVAL,
+                format!("a value of {} bytes for a map of {vs}", value.len()),
+            ));
         }
         // SAFETY: value holds the map's value size.
-        check(unsafe { sys::hybd_bpf_map_fill(self.fd(), first, count, value.as_ptr() as *const _) }).map(drop)
+        check(unsafe {
+            sys::hybd_bpf_map_fill(self.fd(), first, count, value.as_ptr() as *const _)
+        })
+        .map(drop)
     }
 
     /// Map the values of a `BPF_F_MMAPABLE` array as 64-bit words (a
@@ -225,7 +251,10 @@ impl Map<'_> {
         if p.is_null() {
             return Err(Error::from_lib(-libc::EINVAL));
         }
-        Ok(MappedWords { p: p as *mut AtomicU64, bytes })
+        Ok(MappedWords {
+            p: p as *mut AtomicU64,
+            bytes,
+        })
     }
 }
 
@@ -288,7 +317,12 @@ fn map_info(fd: RawFd) -> std::result::Result<MapInfo, Errno> {
     };
     // SAFETY: the kernel writes at most info_len bytes into info.
     let r = unsafe {
-        libc::syscall(libc::SYS_bpf, BPF_OBJ_GET_INFO_BY_FD, &attr as *const InfoAttr, std::mem::size_of::<InfoAttr>())
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_OBJ_GET_INFO_BY_FD,
+            &attr as *const InfoAttr,
+            std::mem::size_of::<InfoAttr>(),
+        )
     };
     if r < 0 {
         Err(Errno::last())

@@ -27,7 +27,10 @@ pub fn stats(id: u32) -> Result<Stats> {
         })? as usize;
         if n <= queues.len() {
             queues.truncate(n);
-            return Ok(Stats { total: st.total, queues });
+            return Ok(Stats {
+                total: st.total,
+                queues,
+            });
         }
         queues.resize(n, sys::hybd_queue_stat::default());
     }

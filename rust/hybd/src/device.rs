@@ -119,6 +119,51 @@ pub trait Handler: Send + Sync + 'static {
     fn ready(&self, _dev: &DeviceRef) {}
 }
 
+/// A handler shared with the rest of the driver: the device holds one
+/// `Arc`, the driver keeps another (to read its state, or to serve two
+/// devices from one), and every call goes to the same `H`.
+impl<H: Handler + ?Sized> Handler for Arc<H> {
+    fn ops(&self) -> Ops {
+        (**self).ops()
+    }
+    fn read(&self, req: Request) {
+        (**self).read(req)
+    }
+    fn write(&self, req: Request) {
+        (**self).write(req)
+    }
+    fn flush(&self, req: Request) {
+        (**self).flush(req)
+    }
+    fn discard(&self, req: Request) {
+        (**self).discard(req)
+    }
+    fn write_zeroes(&self, req: Request) {
+        (**self).write_zeroes(req)
+    }
+    fn queue_init(&self, queue: &Queue) -> std::result::Result<(), Errno> {
+        (**self).queue_init(queue)
+    }
+    fn queue_exit(&self, queue: &Queue) {
+        (**self).queue_exit(queue)
+    }
+    fn queue_idle(&self, queue: &Queue) {
+        (**self).queue_idle(queue)
+    }
+    fn resize(&self, size: u64) -> std::result::Result<(), Errno> {
+        (**self).resize(size)
+    }
+    fn resized(&self, old_size: u64, new_size: u64) {
+        (**self).resized(old_size, new_size)
+    }
+    fn prepare(&self, dev: &DeviceRef) -> std::result::Result<(), Errno> {
+        (**self).prepare(dev)
+    }
+    fn ready(&self, dev: &DeviceRef) {
+        (**self).ready(dev)
+    }
+}
+
 struct Inner<H> {
     handler: H,
     shared: Arc<Shared>,
@@ -277,7 +322,10 @@ impl Builder {
     /// exists until [`Device::start`].
     pub fn create<H: Handler>(self, handler: H) -> Result<Device<H>> {
         let ops = handler.ops();
-        let inner = Arc::new(Inner { handler, shared: Shared::new() });
+        let inner = Arc::new(Inner {
+            handler,
+            shared: Shared::new(),
+        });
         let drv = driver::<H>(ops);
         let mut dev = std::ptr::null_mut();
         // SAFETY: cfg and drv are valid and sized as passed; priv points to
@@ -320,7 +368,9 @@ fn driver<H: Handler>(ops: Ops) -> sys::hybd_driver {
         write: ops.contains(Ops::WRITE).then_some(t_write::<H> as _),
         flush: ops.contains(Ops::FLUSH).then_some(t_flush::<H> as _),
         discard: ops.contains(Ops::DISCARD).then_some(t_discard::<H> as _),
-        write_zeroes: ops.contains(Ops::WRITE_ZEROES).then_some(t_write_zeroes::<H> as _),
+        write_zeroes: ops
+            .contains(Ops::WRITE_ZEROES)
+            .then_some(t_write_zeroes::<H> as _),
         queue_init: Some(t_queue_init::<H>),
         queue_exit: Some(t_queue_exit::<H>),
         queue_idle: Some(t_queue_idle::<H>),
@@ -340,7 +390,9 @@ unsafe fn inner<'a, H: Handler>(p: *mut c_void) -> &'a Inner<H> {
 
 fn guarded(what: &str, f: impl FnOnce()) {
     if catch_unwind(AssertUnwindSafe(f)).is_err() {
-        crate::say(format_args!("the {what} handler panicked; its request fails with EIO"));
+        crate::say(format_args!(
+            "the {what} handler panicked; its request fails with EIO"
+        ));
     }
 }
 
@@ -363,12 +415,22 @@ unsafe fn dispatch<H: Handler>(io: *mut sys::hybd_io, what: &str, call: fn(&H, R
     sys::HYBD_IO_ASYNC as c_int
 }
 
-unsafe extern "C" fn t_read<H: Handler>(io: *mut sys::hybd_io, _: *mut c_void, _: u64, _: u32) -> c_int {
+unsafe extern "C" fn t_read<H: Handler>(
+    io: *mut sys::hybd_io,
+    _: *mut c_void,
+    _: u64,
+    _: u32,
+) -> c_int {
     // SAFETY: libhybd calls this with an open request of our device.
     unsafe { dispatch::<H>(io, "read", |h, r| h.read(r)) }
 }
 
-unsafe extern "C" fn t_write<H: Handler>(io: *mut sys::hybd_io, _: *const c_void, _: u64, _: u32) -> c_int {
+unsafe extern "C" fn t_write<H: Handler>(
+    io: *mut sys::hybd_io,
+    _: *const c_void,
+    _: u64,
+    _: u32,
+) -> c_int {
     // SAFETY: as t_read.
     unsafe { dispatch::<H>(io, "write", |h, r| h.write(r)) }
 }
@@ -405,7 +467,10 @@ unsafe extern "C" fn t_queue_init<H: Handler>(q: *mut sys::hybd_queue) -> c_int 
         Ok(Ok(())) => return 0,
         Ok(Err(e)) => neg(e),
         Err(_) => {
-            crate::say(format_args!("queue_init panicked (queue {})", queue.index()));
+            crate::say(format_args!(
+                "queue_init panicked (queue {})",
+                queue.index()
+            ));
             -libc::EIO
         }
     };
@@ -469,7 +534,9 @@ impl DeviceRef {
     /// `/dev/hybdN`.
     pub fn path(&self) -> String {
         // SAFETY: a NUL-terminated string valid as long as dev.
-        unsafe { CStr::from_ptr(sys::hybd_dev_path(self.dev)) }.to_string_lossy().into_owned()
+        unsafe { CStr::from_ptr(sys::hybd_dev_path(self.dev)) }
+            .to_string_lossy()
+            .into_owned()
     }
 
     /// The size in bytes now.
@@ -495,9 +562,15 @@ impl DeviceRef {
     /// index and size in bytes.  The kernel keeps its own reference.
     pub fn add_backing(&self, file: &impl AsRawFd, writable: bool) -> Result<(u32, u64)> {
         let mut size = 0u64;
-        let flags = if writable { sys::HYBD_BACKING_F_WRITE } else { 0 };
+        let flags = if writable {
+            sys::HYBD_BACKING_F_WRITE
+        } else {
+            0
+        };
         // SAFETY: dev is valid; the fd is borrowed for the call.
-        let idx = check(unsafe { sys::hybd_dev_add_backing(self.dev, file.as_raw_fd(), flags, &mut size) })?;
+        let idx = check(unsafe {
+            sys::hybd_dev_add_backing(self.dev, file.as_raw_fd(), flags, &mut size)
+        })?;
         Ok((idx as u32, size))
     }
 
@@ -594,7 +667,9 @@ impl<H: Handler> Device<H> {
     /// How many requests handlers dropped without completing them (each
     /// failed with EIO).
     pub fn dropped_requests(&self) -> u64 {
-        self.inner.as_ref().map_or(0, |i| i.shared.dropped.load(Ordering::Relaxed))
+        self.inner
+            .as_ref()
+            .map_or(0, |i| i.shared.dropped.load(Ordering::Relaxed))
     }
 
     /// Delete the device.  While the workers serve, the kernel first
@@ -606,7 +681,9 @@ impl<H: Handler> Device<H> {
     }
 
     fn delete_inner(&mut self) -> Result<()> {
-        let Some(inner) = self.inner.take() else { return Ok(()) };
+        let Some(inner) = self.inner.take() else {
+            return Ok(());
+        };
         let started = self.started.load(Ordering::Acquire);
         // SAFETY (both calls): dev is valid until hybd_dev_delete().
         if started && self.serving() && !self.r.handed_over() {
@@ -650,5 +727,44 @@ impl<H: Handler> Drop for Device<H> {
                 std::mem::forget(inner);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU64;
+
+    struct Sized64(AtomicU64);
+
+    impl Handler for Sized64 {
+        fn ops(&self) -> Ops {
+            Ops::READ | Ops::RESIZE
+        }
+        fn read(&self, req: Request) {
+            req.complete(Ok(()));
+        }
+        fn resize(&self, size: u64) -> std::result::Result<(), Errno> {
+            self.0.store(size, Ordering::SeqCst);
+            Ok(())
+        }
+    }
+
+    fn as_handler<H: Handler>(h: H) -> H {
+        h
+    }
+
+    #[test]
+    fn an_arc_of_a_handler_is_that_handler() {
+        let mine = Arc::new(Sized64(AtomicU64::new(0)));
+        let given = as_handler(mine.clone());
+        assert_eq!(given.ops(), Ops::READ | Ops::RESIZE);
+        given.resize(1 << 30).unwrap();
+        assert_eq!(mine.0.load(Ordering::SeqCst), 1 << 30);
+        let shared: Arc<dyn Handler> = mine.clone();
+        let given = as_handler(shared);
+        given.resize(4096).unwrap();
+        assert_eq!(mine.0.load(Ordering::SeqCst), 4096);
+        assert_eq!(given.ops(), Ops::READ | Ops::RESIZE);
     }
 }

@@ -26,13 +26,22 @@ impl Errno {
 
     /// The errno of the calling thread's last failed system call.
     pub fn last() -> Errno {
-        Errno(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO))
+        Errno(
+            std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO),
+        )
     }
 }
 
 impl fmt::Debug for Errno {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Errno({}: {})", self.0, std::io::Error::from_raw_os_error(self.0))
+        write!(
+            f,
+            "Errno({}: {})",
+            self.0,
+            std::io::Error::from_raw_os_error(self.0)
+        )
     }
 }
 
@@ -65,7 +74,10 @@ pub struct Error {
 impl Error {
     /// An error with words of the crate's own.
     pub fn new(errno: Errno, message: impl Into<String>) -> Error {
-        Error { errno, message: message.into() }
+        Error {
+            errno,
+            message: message.into(),
+        }
     }
 
     /// The error of a libhybd call that returned `ret` (negative), in the
@@ -75,7 +87,10 @@ impl Error {
         // string, valid until the next failing call of this thread; it is
         // copied at once.
         let msg = unsafe { CStr::from_ptr(hybd_sys::hybd_errmsg()) };
-        Error { errno: Errno(-ret), message: msg.to_string_lossy().into_owned() }
+        Error {
+            errno: Errno(-ret),
+            message: msg.to_string_lossy().into_owned(),
+        }
     }
 }
 

@@ -77,7 +77,10 @@ pub fn keep_off_swap() -> Result<()> {
     const PR_SET_IO_FLUSHER: libc::c_int = 57;
     // SAFETY: as above.
     if unsafe { libc::prctl(PR_SET_IO_FLUSHER, 1, 0, 0, 0) } != 0 {
-        return Err(Error::new(Errno::last(), "PR_SET_IO_FLUSHER (not an I/O flusher)"));
+        return Err(Error::new(
+            Errno::last(),
+            "PR_SET_IO_FLUSHER (not an I/O flusher)",
+        ));
     }
     Ok(())
 }

@@ -86,11 +86,20 @@ impl Queue {
         cb: impl FnMut(&Queue, u32) + 'static,
     ) -> Result<()> {
         let fd = fd.as_raw_fd();
-        let w = Box::into_raw(Box::new(Watch { fd, cb: Box::new(cb) }));
+        let w = Box::into_raw(Box::new(Watch {
+            fd,
+            cb: Box::new(cb),
+        }));
         // SAFETY: w stays allocated until libhybd promises not to call back
         // for it (unwatch, queue exit).
         let ret = unsafe {
-            sys::hybd_queue_watch_fd_events(self.q, fd, events as c_uint, Some(on_ready), w as *mut c_void)
+            sys::hybd_queue_watch_fd_events(
+                self.q,
+                fd,
+                events as c_uint,
+                Some(on_ready),
+                w as *mut c_void,
+            )
         };
         if ret < 0 {
             // SAFETY: libhybd did not take it.
@@ -124,7 +133,12 @@ impl Queue {
     }
 }
 
-unsafe extern "C" fn on_ready(q: *mut sys::hybd_queue, _fd: c_int, revents: c_uint, arg: *mut c_void) {
+unsafe extern "C" fn on_ready(
+    q: *mut sys::hybd_queue,
+    _fd: c_int,
+    revents: c_uint,
+    arg: *mut c_void,
+) {
     // SAFETY: this runs in the queue's worker, whose queue q is.
     let queue = unsafe { Queue::from_raw(q) };
     // no callback runs: what was unwatched may go
@@ -135,7 +149,10 @@ unsafe extern "C" fn on_ready(q: *mut sys::hybd_queue, _fd: c_int, revents: c_ui
     let w = unsafe { &mut *(arg as *mut Watch) };
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (w.cb)(&queue, revents)));
     if r.is_err() {
-        crate::say(format_args!("a watched fd's callback panicked (queue {})", queue.index()));
+        crate::say(format_args!(
+            "a watched fd's callback panicked (queue {})",
+            queue.index()
+        ));
     }
 }
 

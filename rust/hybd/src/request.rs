@@ -69,7 +69,11 @@ impl Drop for Entered<'_> {
 
 impl Shared {
     pub(crate) fn new() -> Arc<Shared> {
-        Arc::new(Shared { live: AtomicBool::new(true), users: AtomicUsize::new(0), dropped: AtomicU64::new(0) })
+        Arc::new(Shared {
+            live: AtomicBool::new(true),
+            users: AtomicUsize::new(0),
+            dropped: AtomicU64::new(0),
+        })
     }
 
     /// Some while libhybd's side exists, and until the guard drops.
@@ -207,7 +211,18 @@ impl Request {
             // libhybd fails unknown operations before any handler
             other => unreachable!("libhybd handed over operation {other}"),
         };
-        Request { io, shared, done: false, op, flags: IoFlags(flags), offset, len, queue, tag, data }
+        Request {
+            io,
+            shared,
+            done: false,
+            op,
+            flags: IoFlags(flags),
+            offset,
+            len,
+            queue,
+            tag,
+            data,
+        }
     }
 
     /// The operation.
@@ -249,22 +264,34 @@ impl Request {
     /// A write's data (empty for operations without data).
     pub fn buf(&self) -> Buf<'_> {
         if self.data.is_null() {
-            return Buf { _in: None, data: Data::Ring(&[]) };
+            return Buf {
+                _in: None,
+                data: Data::Ring(&[]),
+            };
         }
         match self.shared.enter() {
             // SAFETY: the request's own len bytes in the shared ring,
             // mapped while the device's side exists, which the guard
             // keeps; completion needs self by value, so no completion
             // ends it meanwhile.
-            Some(e) => Buf { _in: Some(e), data: Data::Ring(unsafe { std::slice::from_raw_parts(self.data, self.len) }) },
-            None => Buf { _in: None, data: Data::Gone(vec![0; self.len]) },
+            Some(e) => Buf {
+                _in: Some(e),
+                data: Data::Ring(unsafe { std::slice::from_raw_parts(self.data, self.len) }),
+            },
+            None => Buf {
+                _in: None,
+                data: Data::Gone(vec![0; self.len]),
+            },
         }
     }
 
     /// Where a read's data goes (empty for operations without data).
     pub fn buf_mut(&mut self) -> BufMut<'_> {
         if self.data.is_null() {
-            return BufMut { _in: None, data: DataMut::Ring(&mut []) };
+            return BufMut {
+                _in: None,
+                data: DataMut::Ring(&mut []),
+            };
         }
         match self.shared.enter() {
             // SAFETY: as in buf(); &mut self makes this the only view.
@@ -272,7 +299,10 @@ impl Request {
                 _in: Some(e),
                 data: DataMut::Ring(unsafe { std::slice::from_raw_parts_mut(self.data, self.len) }),
             },
-            None => BufMut { _in: None, data: DataMut::Gone(vec![0; self.len]) },
+            None => BufMut {
+                _in: None,
+                data: DataMut::Gone(vec![0; self.len]),
+            },
         }
     }
 
@@ -290,7 +320,9 @@ impl Request {
 
     fn finish(&mut self, result: i32, first_drop: bool) {
         self.done = true;
-        let Some(_in) = self.shared.enter() else { return };
+        let Some(_in) = self.shared.enter() else {
+            return;
+        };
         if first_drop {
             crate::say(format_args!(
                 "a request ({:?} of {} bytes at {}) was dropped without a completion: \

@@ -47,8 +47,12 @@ fn fd(ret: i32, what: &str) -> Result<OwnedFd> {
 
 /// systemd's Type=notify: READY=1 to $NOTIFY_SOCKET, as hybd_run() does.
 fn notify_ready() {
-    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else { return };
-    let Ok(sock) = std::os::unix::net::UnixDatagram::unbound() else { return };
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
+    let Ok(sock) = std::os::unix::net::UnixDatagram::unbound() else {
+        return;
+    };
     let bytes = path.as_encoded_bytes();
     let sent = if let Some(abstract_name) = bytes.strip_prefix(b"@") {
         use std::os::linux::net::SocketAddrExt;
@@ -89,8 +93,16 @@ pub(crate) fn run<H: Handler>(b: Builder, handler: H) -> Result<()> {
             r
         });
         let mut fds = [
-            libc::pollfd { fd: sigfd.as_raw_fd(), events: libc::POLLIN, revents: 0 },
-            libc::pollfd { fd: done.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+            libc::pollfd {
+                fd: sigfd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: done.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
         ];
         loop {
             // SAFETY: fds is a live array of two pollfds.
@@ -109,7 +121,7 @@ pub(crate) fn run<H: Handler>(b: Builder, handler: H) -> Result<()> {
             }
             if fds[0].revents != 0 {
                 let mut info = [0u8; 128]; // struct signalfd_siginfo
-                // SAFETY: reads at most 128 bytes into the buffer.
+                                           // SAFETY: reads at most 128 bytes into the buffer.
                 unsafe { libc::read(sigfd.as_raw_fd(), info.as_mut_ptr() as *mut _, info.len()) };
                 // graceful: the kernel drains through the workers, which
                 // then exit and the waiter says so
@@ -117,7 +129,9 @@ pub(crate) fn run<H: Handler>(b: Builder, handler: H) -> Result<()> {
                 unsafe { hybd_sys::hybd_ctl_del(dev.id()) };
             }
         }
-        waiter.join().unwrap_or_else(|_| Err(Error::new(Errno::EIO, "the waiter panicked")))
+        waiter
+            .join()
+            .unwrap_or_else(|_| Err(Error::new(Errno::EIO, "the waiter panicked")))
     });
     let deleted = dev.delete();
     // a SIGINT or SIGTERM that came during the delete is consumed here,
