@@ -168,6 +168,11 @@ LINES = {
     "zramrsf": ("zram-rs, lz4 + fast path for zero blocks",
                 dict(prog=None, data="zmix", poll_ns=0, fast=False,
                      server="zram", fastpath=True)),
+    # the same two stores with zstd at its default level (3) on both
+    "kzramz": ("kernel zram, zstd", None),
+    "zramrsz": ("zram-rs, zstd, no fast path",
+                dict(prog=None, data="zmix", poll_ns=0, fast=False,
+                     server="zram", flags=["--algo", "zstd"])),
 }
 # What the peers' measured regions hold, as the hybd lines' "data" says it
 # (True: every block written, all different; "mix": the disk image's mix;
@@ -177,7 +182,7 @@ PEER_DATA = {"nullblk": True, "unull1": False, "unull": False,
              "kloopm": "mix", "uloop": True, "uloopz": True,
              "dmlinear": True, "kloopx": True, "dmcrypt": "mix",
              "dmcryptnw": "mix", "dmcryptf": True, "dmcryptnwf": True,
-             "kzram": "zmix"}
+             "kzram": "zmix", "kzramz": "zmix"}
 
 
 def line_data(key):
@@ -252,7 +257,7 @@ SEQ_LINES = ("nullblk", "unull1", "unull", "unull1z", "hnull1", "hnull",
              "dmcryptnw", "encslow", "encslow1", "encfast",
              "enccache", "ddslow", "ddslow1", "ddmslow", "ddremap",
              "kloopm", "dmcryptf", "dmcryptnwf", "encfull",
-             "kzram", "zramrs", "zramrsf")
+             "kzram", "zramrs", "zramrsf", "kzramz", "zramrsz")
 # the lines measured in "par" (2 submitters: 2 fio jobs at QD16) too
 PAR_LINES = ("nullblk", "unull1", "unull", "unull1z", "hnull1", "hnull",
              "hnullq", "noprog1", "noprog", "kloop", "uloop", "uloopz",
@@ -269,12 +274,12 @@ WRITE_LINES = ("kloop", "uloop", "uloopz", "hloop1", "hloop", "bloop",
                "bloopb", "bloopbf",
                "dmlinear", "kloopx", "bloopx", "dmcrypt",
                "dmcryptnw", "encslow", "encslow1", "ddslow", "ddslow1",
-               "kzram", "zramrs", "zramrsf")
+               "kzram", "zramrs", "zramrsf", "kzramz", "zramrsz")
 # the lines measured in "qd32w" (4 KiB random writes, QD32) too: a
 # compressed disk compresses every write, the kernel's zram in each
 # submitter's context, zram-rs in its queues' workers: depth shows which
 # keeps up
-QD32W_LINES = ("kzram", "zramrs", "zramrsf")
+QD32W_LINES = ("kzram", "zramrs", "zramrsf", "kzramz", "zramrsz")
 
 # The comparisons the report prints (and --only takes by name): what a
 # user would pick instead of each hybd line.  (name, [(line, reference)])
@@ -336,6 +341,8 @@ COMPARISONS = (
     # name, and "zram" is to select the comparison
     ("zram", "zram-rs against the kernel's zram (lz4, same data)",
      [("zramrs", "kzram"), ("zramrsf", "kzram"), ("zramrsf", "zramrs")]),
+    ("zramz", "zram-rs against the kernel's zram (zstd, same data)",
+     [("zramrsz", "kzramz"), ("zramrsz", "zramrs"), ("kzramz", "kzram")]),
 )
 GROUPS = {name: list(dict.fromkeys(k for pair in pairs for k in pair))
           for name, _, pairs in COMPARISONS}

@@ -388,9 +388,10 @@ def setup_uloop(line, ctx):
 
 
 # the kernel's zram: its control directory (hot_add, hot_remove, where
-# the module is loaded already), and the compressor of both zram lines
+# the module is loaded already), and each zram line's compressor (zram-rs
+# takes the same: --algo)
 ZRAM_CONTROL = Path("/sys/class/zram-control")
-ZRAM_COMP = "lz4"
+ZRAM_COMP = {"kzram": "lz4", "kzramz": "zstd"}
 
 
 def write_sysfs(path, value):
@@ -437,7 +438,7 @@ def zram_compression(sysfs):
 
 
 def setup_kzram(line, ctx):
-    """The kernel's zram, lz4, as large as the hybd lines' ramdisks, with
+    """The kernel's zram, lz4 or zstd (ZRAM_COMP), as large as the hybd lines' ramdisks, with
     the zram mix written: zram0 of the module loaded here (num_devices=1,
     unloaded at the end), or a device added to it (hot_add, removed at the
     end) where it is loaded already (swap on zram, say).  Its
@@ -460,11 +461,12 @@ def setup_kzram(line, ctx):
     wait_until(lambda: (sysfs / "disksize").exists(), 10, f"{sysfs}")
     # "lzo [lz4] zstd": the one in brackets is the device's
     algs = re.findall(r"[\w-]+", read_text(sysfs / "comp_algorithm") or "")
-    if ZRAM_COMP not in algs:
+    comp = ZRAM_COMP[line.key]
+    if comp not in algs:
         raise Unsupported(f"zram of Linux {platform.release()} has no "
-                          f"{ZRAM_COMP} (it offers {', '.join(algs)})")
+                          f"{comp} (it offers {', '.join(algs)})")
     # the compressor before the size: a sized device keeps its own
-    write_sysfs(sysfs / "comp_algorithm", ZRAM_COMP)
+    write_sysfs(sysfs / "comp_algorithm", comp)
     write_sysfs(sysfs / "disksize", str(ctx.args.ramdisk_size))
     ctx.cleanup.push(f"reset zram{idx}", write_sysfs, sysfs / "reset", "1")
     dev = f"/dev/zram{idx}"
@@ -490,4 +492,4 @@ SETUP = {"nullblk": setup_nullblk, "nbd": setup_nbd, "kloop": setup_kloop,
          "dmlinear": setup_dmlinear,
          "unull1": setup_unull1, "unull1z": setup_unull1,
          "unull": setup_unull, "uloop": setup_uloop, "uloopz": setup_uloop,
-         "nbdk": setup_nbdk, "kzram": setup_kzram}
+         "nbdk": setup_nbdk, "kzram": setup_kzram, "kzramz": setup_kzram}

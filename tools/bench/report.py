@@ -262,8 +262,9 @@ def report_rows(doc, summary):
                             *(t for _, t in LARGE_COLUMNS)], lrow,
                            "median of the per-round ratios of MiB/s "
                            "(lowest–highest round): higher is better"))
-        # what each compressed disk's store made of its region
-        zrow = compression_rows(lines, GROUPS[name])
+        # what each compressed disk's store made of its region, where the
+        # comparison itself was measured
+        zrow = crow and compression_rows(lines, GROUPS[name])
         if zrow:
             tables.append((f"{name}, compression: the region as written, "
                            "before the rounds",

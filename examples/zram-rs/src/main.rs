@@ -1,13 +1,13 @@
 //! zram-rs: a compressed RAM block device written with the `hybd` crate,
-//! with the kernel's zram as its peer.  Blocks are lz4-compressed in this
-//! process's memory; same-filled blocks take none; `--mem-limit` bounds
+//! with the kernel's zram as its peer.  Blocks are compressed (lz4, or
+//! zstd with `--algo zstd`) in this process's memory; same-filled blocks take none; `--mem-limit` bounds
 //! what the compressed data may take (writes beyond fail with ENOSPC);
 //! discard frees.  With `--fastpath zram.bpf.o`, reads of blocks that hold
 //! zeros (never written, discarded, or written with zeros) complete in the
 //! kernel.  The contents live in this process: when it ends, they are
 //! gone, also in recovery mode (a new server finds an empty disk).
 //!
-//! Usage: zram-rs --size SIZE [--mem-limit SIZE] [--queues N] [--depth N]
+//! Usage: zram-rs --size SIZE [--algo lz4|zstd] [--mem-limit SIZE] [--queues N] [--depth N]
 //!        [--threads N] [--fastpath zram.bpf.o] [--stats FILE]
 //!        [--recovery-timeout SECS] [--take-over ID --discard-contents]
 //!        [--id N]
@@ -20,10 +20,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hybd::{Builder, DeviceRef, Errno, FastPath, Handler, MappedWords, Ops, Request};
-use store::{Store, ZeroBits, BLOCK};
+use store::{Algo, Store, ZeroBits, BLOCK};
 
 struct Args {
     size: u64,
+    algo: Algo,
     mem_limit: u64,
     queues: u32,
     depth: u32,
@@ -39,8 +40,9 @@ struct Args {
 fn usage(msg: &str) -> ! {
     eprintln!("zram-rs: {msg}");
     eprintln!(
-        "usage: zram-rs --size SIZE [--mem-limit SIZE] [--queues N] [--depth N] [--threads N]\n\
-         \x20              [--fastpath zram.bpf.o] [--stats FILE] [--recovery-timeout SECS]\n\
+        "usage: zram-rs --size SIZE [--algo lz4|zstd] [--mem-limit SIZE] [--queues N]\n\
+         \x20              [--depth N] [--threads N] [--fastpath zram.bpf.o] [--stats FILE]\n\
+         \x20              [--recovery-timeout SECS]\n\
          \x20              [--take-over ID --discard-contents] [--id N]"
     );
     std::process::exit(2);
@@ -61,6 +63,7 @@ fn parse_size(s: &str) -> Option<u64> {
 fn parse_args() -> Args {
     let mut a = Args {
         size: 0,
+        algo: Algo::Lz4,
         mem_limit: 0,
         queues: 0,
         depth: 0,
@@ -78,11 +81,21 @@ fn parse_args() -> Args {
             a.discard_contents = true;
             continue;
         }
-        let val = it.next().unwrap_or_else(|| usage(&format!("{opt} needs a value")));
-        let num = |v: &str| v.parse::<u32>().unwrap_or_else(|_| usage(&format!("{opt} {v}: not a number")));
-        let size = |v: &str| parse_size(v).unwrap_or_else(|| usage(&format!("{opt} {v}: not a size")));
+        let val = it
+            .next()
+            .unwrap_or_else(|| usage(&format!("{opt} needs a value")));
+        let num = |v: &str| {
+            v.parse::<u32>()
+                .unwrap_or_else(|_| usage(&format!("{opt} {v}: not a number")))
+        };
+        let size =
+            |v: &str| parse_size(v).unwrap_or_else(|| usage(&format!("{opt} {v}: not a size")));
         match opt.as_str() {
             "--size" => a.size = size(&val),
+            "--algo" => {
+                a.algo = Algo::parse(&val)
+                    .unwrap_or_else(|| usage(&format!("--algo {val}: lz4 or zstd")))
+            }
             "--mem-limit" => a.mem_limit = size(&val),
             "--queues" => a.queues = num(&val),
             "--depth" => a.depth = num(&val),
@@ -110,13 +123,15 @@ impl ZeroBits for Bits {
     }
 }
 
+/// The driver; `run()` holds one `Arc` of it, `main()` another, to stop
+/// the stats thread once the device is gone.
 struct Zram {
-    store: Store,
+    store: Arc<Store>,
     fastpath: Option<PathBuf>,
     attached: Mutex<Option<FastPath>>,
     full_said: AtomicBool,
     stats: Option<PathBuf>,
-    stop: AtomicBool,
+    stop: Arc<AtomicBool>,
     stats_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
@@ -174,15 +189,32 @@ impl Handler for Zram {
     }
 
     fn prepare(&self, dev: &DeviceRef) -> Result<(), Errno> {
-        let Some(path) = &self.fastpath else { return Ok(()) };
+        // started here, where run() has SIGINT and SIGTERM blocked: the
+        // thread inherits the mask, so the signals reach run()
+        if let Some(path) = self.stats.clone() {
+            let (store, stop) = (self.store.clone(), self.stop.clone());
+            *self.stats_thread.lock().unwrap() = Some(std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    write_stats(&store, &path);
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+                write_stats(&store, &path);
+            }));
+        }
+        let Some(path) = &self.fastpath else {
+            return Ok(());
+        };
         let fp = FastPath::attach(dev.id(), path, false).map_err(|e| {
             eprintln!("zram-rs: attaching {}: {e}", path.display());
             e.errno
         })?;
-        let words = fp.map("zram_zeros").and_then(|m| m.mmap_words()).map_err(|e| {
-            eprintln!("zram-rs: {}: its map zram_zeros: {e}", path.display());
-            e.errno
-        })?;
+        let words = fp
+            .map("zram_zeros")
+            .and_then(|m| m.mmap_words())
+            .map_err(|e| {
+                eprintln!("zram-rs: {}: its map zram_zeros: {e}", path.display());
+                e.errno
+            })?;
         // every block is empty: reads as zeros, before the first request
         for w in words.words() {
             w.store(!0, Ordering::Release);
@@ -199,14 +231,29 @@ impl Handler for Zram {
 
 fn write_stats(store: &Store, path: &PathBuf) {
     let s = store.stats();
-    let ratio = if s.compr_data_size == 0 { 0.0 } else { s.orig_data_size as f64 / s.compr_data_size as f64 };
+    let ratio = if s.compr_data_size == 0 {
+        0.0
+    } else {
+        s.orig_data_size as f64 / s.compr_data_size as f64
+    };
     let json = format!(
-        "{{\"orig_data_size\": {}, \"compr_data_size\": {}, \"mem_used\": {}, \"mem_limit\": {}, \
+        "{{\"comp_algorithm\": \"{}\", \"orig_data_size\": {}, \"compr_data_size\": {}, \"mem_used\": {}, \"mem_limit\": {}, \
          \"same_pages\": {}, \"huge_pages\": {}, \"limit_refusals\": {}, \"ratio\": {:.3}}}\n",
-        s.orig_data_size, s.compr_data_size, s.mem_used, s.mem_limit, s.same_pages, s.huge_pages, s.limit_refusals, ratio
+        store.algo().name(),
+        s.orig_data_size,
+        s.compr_data_size,
+        s.mem_used,
+        s.mem_limit,
+        s.same_pages,
+        s.huge_pages,
+        s.limit_refusals,
+        ratio
     );
     let tmp = path.with_extension("tmp");
-    if std::fs::write(&tmp, json).and_then(|()| std::fs::rename(&tmp, path)).is_err() {
+    if std::fs::write(&tmp, json)
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .is_err()
+    {
         eprintln!("zram-rs: cannot write {}", path.display());
     }
 }
@@ -250,17 +297,21 @@ fn main() {
     if a.threads != 0 {
         b = b.queue_threads(a.threads);
     }
-    let size = if a.size != 0 { a.size } else { take_over_size(a.take_over.unwrap()) };
+    let size = if a.size != 0 {
+        a.size
+    } else {
+        take_over_size(a.take_over.unwrap())
+    };
     let zram = Arc::new(Zram {
-        store: Store::new(size / BLOCK as u64, a.mem_limit),
+        store: Arc::new(Store::new(size / BLOCK as u64, a.mem_limit, a.algo)),
         fastpath: a.fastpath.clone(),
         attached: Mutex::new(None),
         full_said: AtomicBool::new(false),
         stats: a.stats.clone(),
-        stop: AtomicBool::new(false),
+        stop: Arc::new(AtomicBool::new(false)),
         stats_thread: Mutex::new(None),
     });
-    let res = b.run(Shared(zram.clone()));
+    let res = b.run(zram.clone());
     zram.stop.store(true, Ordering::Relaxed);
     if let Some(t) = zram.stats_thread.lock().unwrap().take() {
         let _ = t.join();
@@ -279,45 +330,5 @@ fn take_over_size(id: u32) -> u64 {
             eprintln!("zram-rs: /dev/hybd{id}: {e}");
             std::process::exit(1);
         }
-    }
-}
-
-/// The handler, shared with the stats thread.
-struct Shared(Arc<Zram>);
-
-impl Handler for Shared {
-    fn ops(&self) -> Ops {
-        self.0.ops()
-    }
-    fn read(&self, req: Request) {
-        self.0.read(req)
-    }
-    fn write(&self, req: Request) {
-        self.0.write(req)
-    }
-    fn discard(&self, req: Request) {
-        self.0.discard(req)
-    }
-    fn write_zeroes(&self, req: Request) {
-        self.0.write_zeroes(req)
-    }
-    fn prepare(&self, dev: &DeviceRef) -> Result<(), Errno> {
-        self.0.prepare(dev)?;
-        // started here, where run() has SIGINT and SIGTERM blocked: the
-        // thread inherits the mask, so the signals reach run()
-        if let Some(path) = self.0.stats.clone() {
-            let z = self.0.clone();
-            *self.0.stats_thread.lock().unwrap() = Some(std::thread::spawn(move || {
-                while !z.stop.load(Ordering::Relaxed) {
-                    write_stats(&z.store, &path);
-                    std::thread::sleep(Duration::from_secs(1));
-                }
-                write_stats(&z.store, &path);
-            }));
-        }
-        Ok(())
-    }
-    fn ready(&self, dev: &DeviceRef) {
-        self.0.ready(dev)
     }
 }

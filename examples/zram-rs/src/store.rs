@@ -1,7 +1,8 @@
 //! The compressed block store: 4 KiB blocks, each empty, a repeated
-//! 64-bit word (same-filled, as zram stores them: no memory), lz4
-//! compressed, or kept whole when lz4 cannot make it small enough.  Memory
-//! is bounded: a write that would take the store past its limit fails.
+//! 64-bit word (same-filled, as zram stores them: no memory), compressed
+//! (lz4 or zstd, one for the whole store), or kept whole when compression
+//! cannot make it small enough.  Memory is bounded: a write that would
+//! take the store past its limit fails.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
@@ -15,14 +16,94 @@ const SHARD_BLOCKS: usize = 512;
 /// for its decompression).
 const HUGE: usize = BLOCK * 3 / 4;
 
+/// The store's compressor, as zram's `comp_algorithm` names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Algo {
+    /// lz4's block format (`lz4_flex`, pure Rust): zram's default.
+    Lz4,
+    /// zstd at its default level, 3 (libzstd, through the `zstd` crate),
+    /// as zram's zstd: smaller, slower.
+    Zstd,
+}
+
+impl Algo {
+    /// "lz4" or "zstd", as zram's `comp_algorithm` takes them.
+    pub fn parse(s: &str) -> Option<Algo> {
+        match s {
+            "lz4" => Some(Algo::Lz4),
+            "zstd" => Some(Algo::Zstd),
+            _ => None,
+        }
+    }
+
+    /// Its name in `comp_algorithm`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Algo::Lz4 => "lz4",
+            Algo::Zstd => "zstd",
+        }
+    }
+
+    fn compress(self, data: &[u8]) -> Vec<u8> {
+        match self {
+            Algo::Lz4 => lz4_flex::block::compress(data),
+            Algo::Zstd => ZSTD.with(|z| {
+                let mut z = z.borrow_mut();
+                let (c, _) = z.get_or_insert_with(zstd_contexts);
+                // a block needs at most compress_bound(4096) bytes: the
+                // vector has them, so compression cannot fail for room
+                c.compress(data).expect("zstd compresses a block")
+            }),
+        }
+    }
+
+    fn decompress(self, src: &[u8], out: &mut [u8]) {
+        // only this store's compressor wrote it: it decompresses, whole
+        let n = match self {
+            Algo::Lz4 => {
+                lz4_flex::block::decompress_into(src, out).expect("a corrupt lz4 block in memory")
+            }
+            Algo::Zstd => ZSTD.with(|z| {
+                let mut z = z.borrow_mut();
+                let (_, d) = z.get_or_insert_with(zstd_contexts);
+                d.decompress_to_buffer(src, out)
+                    .expect("a corrupt zstd block in memory")
+            }),
+        };
+        assert_eq!(n, BLOCK, "a compressed block is a whole block");
+    }
+}
+
+/// zstd's default level, zram's too.
+const ZSTD_LEVEL: i32 = 3;
+
+type ZstdContexts = (
+    zstd::bulk::Compressor<'static>,
+    zstd::bulk::Decompressor<'static>,
+);
+
+thread_local! {
+    /// One compression and one decompression context per thread (a
+    /// context is ~1 MiB at level 3: made once, reused for every block).
+    static ZSTD: std::cell::RefCell<Option<ZstdContexts>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+fn zstd_contexts() -> ZstdContexts {
+    (
+        zstd::bulk::Compressor::new(ZSTD_LEVEL).expect("a zstd context"),
+        zstd::bulk::Decompressor::new().expect("a zstd context"),
+    )
+}
+
 /// A block's content.
 enum Slot {
     /// Never written, or discarded: reads as zeros.
     Empty,
     /// Every 64-bit word is this one.
     Same(u64),
-    /// lz4 block format.
-    Lz4(Box<[u8]>),
+    /// Compressed with the store's algorithm.
+    Packed(Box<[u8]>),
     /// Stored as written.
     Whole(Box<[u8]>),
 }
@@ -32,7 +113,7 @@ impl Slot {
     fn bytes(&self) -> u64 {
         match self {
             Slot::Empty | Slot::Same(_) => 0,
-            Slot::Lz4(b) | Slot::Whole(b) => b.len() as u64,
+            Slot::Packed(b) | Slot::Whole(b) => b.len() as u64,
         }
     }
 }
@@ -99,6 +180,7 @@ pub struct Store {
     zeros: std::sync::OnceLock<Box<dyn ZeroBits>>,
     blocks: u64,
     limit: u64,
+    algo: Algo,
     compr: AtomicU64,
     stored: AtomicU64,
     same: AtomicU64,
@@ -108,15 +190,17 @@ pub struct Store {
 
 /// If every 64-bit word of `b` is the same, that word.
 pub fn same_filled(b: &[u8]) -> Option<u64> {
-    let mut words = b.chunks_exact(8).map(|w| u64::from_ne_bytes(w.try_into().unwrap()));
+    let mut words = b
+        .chunks_exact(8)
+        .map(|w| u64::from_ne_bytes(w.try_into().unwrap()));
     let first = words.next()?;
     words.all(|w| w == first).then_some(first)
 }
 
 impl Store {
     /// A store of `blocks` blocks whose compressed data may take at most
-    /// `limit` bytes (0: no limit).
-    pub fn new(blocks: u64, limit: u64) -> Store {
+    /// `limit` bytes (0: no limit), compressed with `algo`.
+    pub fn new(blocks: u64, limit: u64, algo: Algo) -> Store {
         let n = (blocks as usize).div_ceil(SHARD_BLOCKS);
         let shards = (0..n)
             .map(|i| {
@@ -129,6 +213,7 @@ impl Store {
             zeros: std::sync::OnceLock::new(),
             blocks,
             limit,
+            algo,
             compr: AtomicU64::new(0),
             stored: AtomicU64::new(0),
             same: AtomicU64::new(0),
@@ -147,7 +232,9 @@ impl Store {
 
     fn with_slot<R>(&self, blk: u64, f: impl FnOnce(&mut Slot) -> R) -> R {
         let b = blk as usize;
-        let mut shard = self.shards[b / SHARD_BLOCKS].lock().unwrap_or_else(|e| e.into_inner());
+        let mut shard = self.shards[b / SHARD_BLOCKS]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         f(&mut shard[b % SHARD_BLOCKS])
     }
 
@@ -161,11 +248,7 @@ impl Store {
                 }
             }
             Slot::Whole(b) => out.copy_from_slice(b),
-            Slot::Lz4(b) => {
-                // only this store's compressor wrote it: it decompresses
-                let n = lz4_flex::block::decompress_into(b, out).expect("a corrupt lz4 block in memory");
-                debug_assert_eq!(n, BLOCK);
-            }
+            Slot::Packed(b) => self.algo.decompress(b, out),
         })
     }
 
@@ -174,7 +257,11 @@ impl Store {
         let stored = |s: &Slot| !matches!(s, Slot::Empty);
         let same = |s: &Slot| matches!(s, Slot::Same(_));
         let huge = |s: &Slot| matches!(s, Slot::Whole(_));
-        for (c, f) in [(&self.stored, &stored as &dyn Fn(&Slot) -> bool), (&self.same, &same), (&self.huge, &huge)] {
+        for (c, f) in [
+            (&self.stored, &stored as &dyn Fn(&Slot) -> bool),
+            (&self.same, &same),
+            (&self.huge, &huge),
+        ] {
             match (f(old), f(new)) {
                 (false, true) => drop(c.fetch_add(1, Relaxed)),
                 (true, false) => drop(c.fetch_sub(1, Relaxed)),
@@ -218,11 +305,11 @@ impl Store {
             Some(0) => (Slot::Same(0), Written::Zeros),
             Some(word) => (Slot::Same(word), Written::Data),
             None => {
-                let c = lz4_flex::block::compress(data);
+                let c = self.algo.compress(data);
                 if c.len() > HUGE {
                     (Slot::Whole(data.into()), Written::Data)
                 } else {
-                    (Slot::Lz4(c.into_boxed_slice()), Written::Data)
+                    (Slot::Packed(c.into_boxed_slice()), Written::Data)
                 }
             }
         };
@@ -233,6 +320,11 @@ impl Store {
     pub fn discard(&self, blk: u64) {
         // freeing never exceeds the limit
         let _ = self.replace(blk, Slot::Empty);
+    }
+
+    /// Its compressor.
+    pub fn algo(&self) -> Algo {
+        self.algo
     }
 
     /// The counters now.
@@ -256,7 +348,9 @@ mod tests {
 
     fn text_block(seed: u8) -> Vec<u8> {
         // compressible: words of a small alphabet
-        (0..BLOCK).map(|i| b"hybd zram block "[(i + seed as usize) % 16]).collect()
+        (0..BLOCK)
+            .map(|i| b"hybd zram block "[(i + seed as usize) % 16])
+            .collect()
     }
 
     fn random_block(seed: u64) -> Vec<u8> {
@@ -287,14 +381,26 @@ mod tests {
 
     #[test]
     fn every_kind_reads_back() {
-        let s = Store::new(16, 0);
+        for algo in [Algo::Lz4, Algo::Zstd] {
+            every_kind_reads_back_with(algo);
+        }
+    }
+
+    fn every_kind_reads_back_with(algo: Algo) {
+        let s = Store::new(16, 0, algo);
         let mut out = vec![0xaau8; BLOCK];
         s.read(3, &mut out);
         assert_eq!(out, vec![0u8; BLOCK], "a never-written block reads zeros");
 
         let text = text_block(1);
         let rnd = random_block(7);
-        let same: Vec<u8> = 7u64.to_ne_bytes().iter().copied().cycle().take(BLOCK).collect();
+        let same: Vec<u8> = 7u64
+            .to_ne_bytes()
+            .iter()
+            .copied()
+            .cycle()
+            .take(BLOCK)
+            .collect();
         assert_eq!(s.write(0, &text), Ok(Written::Data));
         assert_eq!(s.write(1, &rnd), Ok(Written::Data));
         assert_eq!(s.write(2, &same), Ok(Written::Data));
@@ -311,12 +417,44 @@ mod tests {
         assert_eq!(st.same_pages, 2);
         assert_eq!(st.huge_pages, 1, "random data is kept whole");
         assert!(st.compr_data_size > BLOCK as u64, "{st:?}");
-        assert!(st.compr_data_size < 2 * BLOCK as u64, "text compresses: {st:?}");
+        assert!(
+            st.compr_data_size < 2 * BLOCK as u64,
+            "text compresses: {st:?}"
+        );
+    }
+
+    #[test]
+    fn zstd_packs_text_tighter_than_lz4_and_both_read_back() {
+        // a page of varied text: lines of a log, each different
+        let text: Vec<u8> = (0..)
+            .flat_map(|i: u32| {
+                format!(
+                    "{i:08} hybd zram-rs wrote block {} of {}\n",
+                    i * 7 % 13,
+                    i % 5
+                )
+                .into_bytes()
+            })
+            .take(BLOCK)
+            .collect();
+        let size = |algo| {
+            let s = Store::new(1, 0, algo);
+            s.write(0, &text).unwrap();
+            let mut out = vec![0u8; BLOCK];
+            s.read(0, &mut out);
+            assert_eq!(out, text, "{algo:?}");
+            s.stats().compr_data_size
+        };
+        let (lz4, zstd) = (size(Algo::Lz4), size(Algo::Zstd));
+        assert!(0 < zstd && zstd < lz4, "zstd {zstd} bytes, lz4 {lz4}");
+        assert_eq!(Algo::parse("zstd"), Some(Algo::Zstd));
+        assert_eq!(Algo::parse("lz4").map(Algo::name), Some("lz4"));
+        assert_eq!(Algo::parse("deflate"), None);
     }
 
     #[test]
     fn overwrite_and_discard_give_memory_back() {
-        let s = Store::new(8, 0);
+        let s = Store::new(8, 0, Algo::Lz4);
         s.write(5, &random_block(1)).unwrap();
         assert_eq!(s.stats().compr_data_size, BLOCK as u64);
         s.write(5, &text_block(0)).unwrap();
@@ -325,7 +463,10 @@ mod tests {
         assert_eq!(s.stats().huge_pages, 0);
         s.discard(5);
         let st = s.stats();
-        assert_eq!((st.compr_data_size, st.orig_data_size, st.same_pages), (0, 0, 0));
+        assert_eq!(
+            (st.compr_data_size, st.orig_data_size, st.same_pages),
+            (0, 0, 0)
+        );
         let mut out = vec![1u8; BLOCK];
         s.read(5, &mut out);
         assert_eq!(out, vec![0u8; BLOCK], "a discarded block reads zeros");
@@ -333,7 +474,7 @@ mod tests {
 
     #[test]
     fn the_limit_refuses_what_does_not_fit_and_keeps_the_old_data() {
-        let s = Store::new(8, 2 * BLOCK as u64);
+        let s = Store::new(8, 2 * BLOCK as u64, Algo::Lz4);
         s.write(0, &random_block(1)).unwrap();
         s.write(1, &random_block(2)).unwrap();
         assert_eq!(s.write(2, &random_block(3)), Err(Full));
@@ -364,7 +505,7 @@ mod tests {
                 self.0[..].set(blk, zero)
             }
         }
-        let s = Store::new(100, 0);
+        let s = Store::new(100, 0, Algo::Lz4);
         s.set_zero_bits(Box::new(Shared(bits.clone())));
         let bit = |b: u64| bits[(b / 64) as usize].load(Ordering::Relaxed) >> (b % 64) & 1;
         s.write(70, &text_block(0)).unwrap();
@@ -377,7 +518,7 @@ mod tests {
         s.discard(3);
         assert_eq!(bit(3), 1);
         // a refused write changes no bit
-        let t = Store::new(8, 1);
+        let t = Store::new(8, 1, Algo::Lz4);
         let tb: std::sync::Arc<[AtomicU64]> = (0..1).map(|_| AtomicU64::new(!0)).collect();
         t.set_zero_bits(Box::new(Shared(tb.clone())));
         assert_eq!(t.write(1, &random_block(4)), Err(Full));
@@ -387,7 +528,7 @@ mod tests {
     #[test]
     fn a_partial_last_shard() {
         let blocks = SHARD_BLOCKS as u64 + 3;
-        let s = Store::new(blocks, 0);
+        let s = Store::new(blocks, 0, Algo::Lz4);
         let t = text_block(2);
         s.write(blocks - 1, &t).unwrap();
         let mut out = vec![0u8; BLOCK];
@@ -398,7 +539,7 @@ mod tests {
 
     #[test]
     fn concurrent_writers_keep_the_accounting_exact() {
-        let s = std::sync::Arc::new(Store::new(1024, 0));
+        let s = std::sync::Arc::new(Store::new(1024, 0, Algo::Lz4));
         let threads: Vec<_> = (0..4)
             .map(|t| {
                 let s = s.clone();
