@@ -22,7 +22,7 @@
 #                   tools/debug-kernel and cached in /var/cache/hybd (HYBD_CACHE);
 #                   the first run builds it: about an hour on 2 cores;
 #                   KVER=7.3 builds Debian's linux-source-7.3 instead;
-#                   HALF=1 or HALF=2 runs one half (about 2 h each)
+#                   PART=1, 2 or 3 runs one part (under 2 h each)
 #   make bench      guest-deps + bench-deps + build, then hybd against
 #                   null_blk, ublk, loop, dm-crypt and nbd in one clean
 #                   guest (BENCH_ARGS="--only loop" selects lines); refuses
@@ -180,8 +180,8 @@ test-long: guest-deps
 # The module is built against the debug kernel's tree in a copy of kmod/
 # (results/debug-kmod), so kmod/hybd.ko stays the regular one.
 test-debug: guest-deps
-	$(Q)$(MAKE) lib tools examples bpf
-	$(Q)KVER=$(KVER) HYBD_DEBUG_HALF=$(HALF) ./tools/debug-kernel test $(PYTEST_ARGS)
+	$(Q)$(MAKE) lib tools examples bpf rust
+	$(Q)KVER=$(KVER) HYBD_DEBUG_PART=$(PART) ./tools/debug-kernel test $(PYTEST_ARGS)
 
 # bench-deps may fail (no Rust toolchain): the ublk lines then say why
 # they were not measured, the rest is measured all the same (and make bench
