@@ -20,7 +20,8 @@
 #   make test-debug guest-deps + build, then the whole suite in a debug kernel
 #                   (KASAN, lockdep, KFENCE, UBSAN, kmemleak...) built once by
 #                   tools/debug-kernel and cached in /var/cache/hybd (HYBD_CACHE);
-#                   the first run builds it: about an hour on 2 cores;
+#                   the first run builds it: about 15 min on 2 idle cores
+#                   (35-66 beside test guests);
 #                   KVER=7.3 builds Debian's linux-source-7.3 instead;
 #                   PART=1, 2 or 3 runs one part (under 2 h each)
 #   make bench      guest-deps + bench-deps + build, then hybd against

@@ -18,8 +18,9 @@
  *	cfg.size = 64 << 20;
  *	return hybd_run(&cfg, &my_driver, my_state) ? 1 : 0;
  *
- * Threads.  The library runs one worker thread per hardware queue, pinned
- * to the CPUs that submit to that queue.  A worker calls the handlers for
+ * Threads.  The library runs one worker thread per hardware queue, beside
+ * the CPUs that submit to that queue (HYBD_CFG_QUEUE_AFFINITY pins it on
+ * them).  A worker calls the handlers for
  * the requests of its queue, one at a time; handlers of different queues
  * run concurrently.  A handler that blocks holds its whole queue, so there
  * are two ways to reach a real queue depth:

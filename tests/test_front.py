@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0
 """The bio-based front (HYBD_DEV_F_BIO_FRONT): /dev/hybdN takes bios and
 runs the program's map() on each read and write; what it remaps onto a
 block-device target is cloned there, without a request; everything else

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0
 """examples/zram-rs, the compressed RAM disk written in Rust with the hybd
 crate, and the crate's own overview example (rust/hybd/examples/ramdisk.rs):
 data verified at QD1 and QD32, discard frees memory, the memory limit

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: GPL-2.0
 # Run the kernel's checkpatch.pl over the module and the UAPI header.
 # Uses $CHECKPATCH, else $KDIR/scripts/checkpatch.pl (Debian's headers
 # package does not ship it; a kernel source tree does).

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: GPL-2.0
 # Install what hybd needs on a Debian 12 (bookworm) machine.
 #
 #   tools/deps.sh            what building and running hybd need on this

@@ -63,7 +63,7 @@
 #define HYBD_F_POLL		(1ULL << 1)
 /* completions carry the descriptor's seq; stale ones are rejected */
 #define HYBD_F_SEQ_CHECK	(1ULL << 2)
-/* BPF fast path (struct hybd_ops) can be attached to a device */
+/* BPF fast path (struct hybd_bpf_ops) can be attached to a device */
 #define HYBD_F_BPF		(1ULL << 3)
 /*
  * hybd_param_basic.io_timeout: a request the server has not completed in
@@ -176,8 +176,8 @@
  * to the owner or, in user namespaces, to the user (not root) who made
  * the outermost one; for all users together, max_unpriv_devices.  An add
  * beyond them fails with -EDQUOT.  At most 10 resizes in 5 s (-EBUSY).  Attaching a fast path needs
- * the BPF capabilities, as always: an administrator attaches one to a
- * user's device.
+ * CAP_SYS_ADMIN (loading it the BPF capabilities): an administrator
+ * attaches one to a user's device.
  */
 #define HYBD_DEV_F_UNPRIVILEGED	(1U << 3)
 /*

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 //! Finds libhybd and generates the bindings from its `hybd.h`.
 //!
 //! Where libhybd comes from, first match wins:

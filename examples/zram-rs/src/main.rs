@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 //! zram-rs: a compressed RAM block device written with the `hybd` crate,
 //! with the kernel's zram as its peer.  Blocks are compressed (lz4, or
 //! zstd with `--algo zstd`) in this process's memory; same-filled blocks take none; `--mem-limit` bounds

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 //! The compressed block store: 4 KiB blocks, each empty, a repeated
 //! 64-bit word (same-filled, as zram stores them: no memory), compressed
 //! (lz4 or zstd, one for the whole store), or kept whole when compression

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 //! Raw bindings to libhybd, the user-space half of a hybd block driver.
 //!
 //! Generated at build time by bindgen from the `hybd.h` this crate links

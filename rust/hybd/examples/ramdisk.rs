@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 //! A RAM disk in safe Rust: the overview example of the `hybd` crate's
 //! documentation, which the guest tests also run (tests/test_rust.py).
 //!

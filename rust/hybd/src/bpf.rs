@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 //! The fast path: a BPF object attached to a device, and its maps.
 
 use std::ffi::CString;

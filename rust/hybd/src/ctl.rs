@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 //! The control node (`/dev/hybd-control`): any device by its id, from any
 //! process, as `hybdctl` does.
 

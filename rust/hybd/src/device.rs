@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 //! The device: its parameters, its handler, its life.
 
 use std::ffi::CStr;

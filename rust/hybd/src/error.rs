@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 //! Errors: an errno and, from libhybd, the words that say why.
 
 use std::ffi::CStr;

@@ -1,4 +1,5 @@
-//! Write the slow path of a [hybd](https://example.invalid/hybd) block
+// SPDX-License-Identifier: MIT
+//! Write the slow path of a hybd block
 //! driver in safe Rust, and attach its BPF fast path.
 //!
 //! A driver is a [`Handler`]: one method per operation, each given the

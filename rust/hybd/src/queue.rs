@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 //! A hardware queue, as its hooks see it, and the fds its worker watches.
 
 use std::os::fd::{AsRawFd, RawFd};

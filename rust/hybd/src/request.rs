@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 //! One request handed to a handler, and its completion.
 
 use std::ptr::NonNull;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 //! Builder::run: serve a device until it is deleted or a signal says stop.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
