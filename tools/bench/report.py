@@ -530,12 +530,14 @@ def write_docs(md_path, docs):
     if a < 0 or b < a:
         raise SystemExit(f"{md_path}: no '{BEGIN}' ... '{END}' markers")
     parts = [markdown(docs[0])]
-    for d in docs[1:]:
+    for n, d in enumerate(docs[1:], 1):
         lines = ", ".join(f"`{k}`" for k in d["lines"])
-        parts.append("### A later run of some lines (`--only`)\n\n"
+        # distinct headings, so that each has its own anchor
+        nth = f", {n}" if n > 1 else ""
+        parts.append(f"### A later run of some lines (`--only`){nth}\n\n"
                      f"Lines {lines}, measured in a boot of their own: "
                      "each table below holds this run's rounds alone, and "
-                     "a ratio is never taken across the two runs.\n\n"
+                     "a ratio is never taken across two runs.\n\n"
                      + markdown(d))
     body = "\n\n".join(parts)
     md_path.write_text(text[:a + len(BEGIN)] + "\n\n" + body + "\n" +
