@@ -166,7 +166,7 @@ main() {
 	start_log
 
 	# a task blocked this long is a hang.  The debug kernel (KASAN,
-	# lockdep; about 11 times slower under TCG) gets 6 times as long, as
+	# lockdep; about 10 times slower under TCG) gets 6 times as long, as
 	# the suite's own bounds grow there (tests/hybdlib.py): its 10 s
 	# flagged an ext4 sync waiting 27 s on a dedup device's writeback,
 	# slow but finishing
